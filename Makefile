@@ -1,0 +1,31 @@
+# Everything a fresh machine needs: `make demo` and `make test` create the virtual
+# environment, install the pinned dependencies (constraints.txt) and run.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint demo clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0 -c constraints.txt
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check nmt_cli tests bench
+	$(BIN)/ruff format --check nmt_cli tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest tests
+
+demo: $(STAMP)
+	$(BIN)/nmt run recipes/demo.toml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Typer commands, one module each; `nmt_cli.cli` registers them."""

@@ -1,0 +1,56 @@
+"""Key/value cache for incremental decoding.
+
+Each decoder layer keeps its self-attention keys/values for the prefix decoded so far
+and the cross-attention keys/values of the encoder output, computed once per source.
+Beam search reorders the cache by an explicit index after every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class LayerCache:
+    """Tensors are (B, h, L, d): B rows of the (flattened) batch x beam."""
+
+    self_k: Tensor | None = None
+    self_v: Tensor | None = None
+    cross_k: Tensor | None = None
+    cross_v: Tensor | None = None
+
+    def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add this step's keys/values and return the whole prefix's."""
+        if self.self_k is not None and self.self_v is not None:
+            k = torch.cat([self.self_k, k], dim=2)
+            v = torch.cat([self.self_v, v], dim=2)
+        self.self_k, self.self_v = k, v
+        return k, v
+
+
+@dataclass
+class DecoderCache:
+    layers: list[LayerCache]
+    length: int = 0  # positions already decoded; the next step's position index
+
+    @classmethod
+    def empty(cls, n_layers: int) -> DecoderCache:
+        return cls([LayerCache() for _ in range(n_layers)])
+
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Keep rows `index` (B',) of every cached tensor, in that order.
+
+        Reordering beams within a sentence leaves the cross-attention keys/values as they
+        are (all beams of one sentence share them), so search passes `cross=False` then
+        and copies only the self-attention prefix.
+        """
+        for layer in self.layers:
+            if layer.self_k is not None and layer.self_v is not None:
+                layer.self_k = layer.self_k.index_select(0, index)
+                layer.self_v = layer.self_v.index_select(0, index)
+            if cross and layer.cross_k is not None and layer.cross_v is not None:
+                layer.cross_k = layer.cross_k.index_select(0, index)
+                layer.cross_v = layer.cross_v.index_select(0, index)

@@ -1,0 +1,141 @@
+"""The checkpoint format: one self-contained file, loaded only with `weights_only=True`.
+
+A checkpoint is a plain dictionary of tensors, numbers, strings and bytes:
+
+    format        "nmt-checkpoint"
+    version       FORMAT_VERSION; a file from a later version is refused with a clear error
+    kind          "train" (with optimizer, schedule, RNG and data position) or "inference"
+    nmt_version   the package version that wrote it
+    model_config  the ModelConfig as a dict, so the model rebuilds without the recipe
+    vocab         {"src": bytes, "tgt": bytes}: the SentencePiece models themselves
+    model         the weights (state dict)
+    step          optimizer updates so far
+    recipe        the resolved recipe as a dict (or None)
+    train_state   optimizer/RNG/data position, training checkpoints only
+    meta          free-form numbers and strings (dev loss, averaged from, ...)
+
+Nothing in it is pickled code, so `torch.load(..., weights_only=True)` can load it and a
+file crafted to run code on load is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from nmt_cli import __version__
+from nmt_cli.core.files import atomic_path
+from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.core.vocab import VocabPair
+from nmt_cli.errors import NmtError
+
+FORMAT_NAME = "nmt-checkpoint"
+FORMAT_VERSION = 1
+
+CheckpointKind = Literal["train", "inference"]
+
+
+class CheckpointError(NmtError):
+    """A checkpoint that cannot be used: missing, corrupt, unsafe or from a later version."""
+
+
+@dataclass
+class Checkpoint:
+    model_config: ModelConfig
+    vocab: VocabPair
+    model: dict[str, Tensor]
+    step: int = 0
+    kind: CheckpointKind = "inference"
+    recipe: dict[str, Any] | None = None
+    train_state: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def build_model(self) -> Transformer:
+        """The Transformer with these weights, in eval mode on the CPU."""
+        model = Transformer(self.model_config)
+        model.load_state_dict(self.model)
+        return model.eval()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "kind": self.kind,
+            "nmt_version": __version__,
+            "model_config": dataclasses.asdict(self.model_config),
+            "vocab": {"src": self.vocab.src.model_proto, "tgt": self.vocab.tgt.model_proto},
+            "model": self.model,
+            "step": int(self.step),
+            "recipe": self.recipe,
+            "train_state": self.train_state,
+            "meta": self.meta,
+        }
+
+
+def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
+    """Weights of a (possibly DDP-wrapped) model, detached and on the CPU."""
+    inner = getattr(model, "module", model)
+    return {k: v.detach().cpu().clone() for k, v in inner.state_dict().items()}
+
+
+def save_checkpoint(ckpt: Checkpoint, path: str | Path) -> Path:
+    """Write atomically: a kill mid-write leaves the previous file intact."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        torch.save(ckpt.to_dict(), tmp)
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Load and validate; every way a file can be unusable becomes a CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        raw = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{path}: refused, the file holds objects other than weights and plain data "
+            f"(it may try to run code when loaded): {str(exc).splitlines()[0]}"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: not a readable checkpoint (truncated or not written by nmt): "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+    return checkpoint_from_dict(raw, path)
+
+
+def checkpoint_from_dict(raw: Any, path: str | Path = "<memory>") -> Checkpoint:
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path}: not an nmt checkpoint")
+    version = raw.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: written by checkpoint format version {version} "
+            f"(nmt {raw.get('nmt_version', '?')}); this nmt {__version__} reads up to "
+            f"version {FORMAT_VERSION}: upgrade nmt to load it"
+        )
+    try:
+        known = {f.name for f in dataclasses.fields(ModelConfig)}
+        config = ModelConfig(**{k: v for k, v in raw["model_config"].items() if k in known})
+        vocab = VocabPair.from_protos(raw["vocab"]["src"], raw["vocab"]["tgt"])
+        return Checkpoint(
+            model_config=config,
+            vocab=vocab,
+            model=raw["model"],
+            step=int(raw.get("step", 0)),
+            kind=raw.get("kind", "inference"),
+            recipe=raw.get("recipe"),
+            train_state=raw.get("train_state"),
+            meta=dict(raw.get("meta") or {}),
+        )
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: incomplete nmt checkpoint ({exc})") from None

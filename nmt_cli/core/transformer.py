@@ -1,0 +1,416 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3.
+
+Post-norm residual blocks `LayerNorm(x + Dropout(Sublayer(x)))`, multi-head attention
+through `scaled_dot_product_attention`, a ReLU feed-forward, sinusoidal (or learned)
+positions, and one embedding matrix shared by the source embedding, the target embedding
+and the pre-softmax projection (section 3.4), scaled by sqrt(d_model).
+
+Shapes: B batch, S source length, T target length, D d_model, V vocabulary.
+Padding is always on the right, so the decoder's causal mask also hides target padding
+from every real position; source padding is masked explicitly with a key mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt_cli.core.cache import DecoderCache, LayerCache
+
+PositionKind = Literal["sinusoidal", "learned"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Every knob of the paper's Table 3 plus the vocabulary the model is built for.
+
+    `d_k` and `d_v` default to d_model / n_heads but can be set on their own (row B changes
+    d_k alone). Vocabulary sizes are filled in from the data when the model is built.
+    """
+
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    n_heads: int = 8
+    d_k: int | None = None
+    d_v: int | None = None
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    relu_dropout: float = 0.0
+    positions: PositionKind = "sinusoidal"
+    max_positions: int = 1024
+    src_vocab_size: int = 0
+    tgt_vocab_size: int = 0
+    pad_id: int = 0
+    share_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be at least 1, got {getattr(self, name)}")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_heads "
+                f"({self.n_heads}) unless model.d_k and model.d_v are set"
+            )
+        for name in ("dropout", "attention_dropout", "relu_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.positions not in ("sinusoidal", "learned"):
+            raise ValueError(
+                f"model.positions must be 'sinusoidal' or 'learned', got {self.positions!r}"
+            )
+
+    @property
+    def head_dim_k(self) -> int:
+        return self.d_k if self.d_k is not None else self.d_model // self.n_heads
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.d_v if self.d_v is not None else self.d_model // self.n_heads
+
+    @property
+    def shared_vocab(self) -> bool:
+        """One matrix for source, target and output (three-way tie) when the vocabularies
+        are one; otherwise only target embedding and output projection are tied."""
+        return self.share_embeddings and self.src_vocab_size == self.tgt_vocab_size
+
+
+def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same), section 3.5."""
+    pos = torch.arange(max_positions, dtype=torch.float64).unsqueeze(1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    angle = pos / torch.pow(10000.0, two_i / d_model)
+    table = torch.zeros(max_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class Embedding(nn.Module):
+    """Token embedding times sqrt(d_model), plus positions, then dropout (section 3.4, 5.4)."""
+
+    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.tokens = tokens
+        self.scale = math.sqrt(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.learned: nn.Embedding | None = None
+        if cfg.positions == "learned":
+            self.learned = nn.Embedding(cfg.max_positions, cfg.d_model)
+            nn.init.normal_(self.learned.weight, std=cfg.d_model**-0.5)
+        else:
+            self.register_buffer(
+                "table", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False
+            )
+
+    def positions(self, start: int, length: int) -> Tensor:
+        if self.learned is not None:
+            return self.learned.weight[start : start + length]
+        table = self.get_buffer("table")
+        return table[start : start + length]
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        x = self.tokens(ids) * self.scale + self.positions(start, ids.size(1))
+        return self.dropout(x)
+
+
+@dataclass
+class AttentionOutput:
+    """The attended values and, only on the explicit path, the attention weights."""
+
+    values: Tensor  # (B, L, D)
+    weights: Tensor | None  # (B, h, L, M) when asked for
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention (section 3.2.2) with d_k and d_v separate.
+
+    Query, key and value projections are fused into one matrix for self-attention and one
+    key/value matrix for cross-attention, so each attention costs one or two matrix
+    products instead of three.
+    """
+
+    def __init__(self, cfg: ModelConfig, self_attention: bool) -> None:
+        super().__init__()
+        self.h = cfg.n_heads
+        self.d_k = cfg.head_dim_k
+        self.d_v = cfg.head_dim_v
+        self.self_attention = self_attention
+        qk, v = self.h * self.d_k, self.h * self.d_v
+        if self_attention:
+            self.qkv = nn.Linear(cfg.d_model, 2 * qk + v)
+        else:
+            self.q = nn.Linear(cfg.d_model, qk)
+            self.kv = nn.Linear(cfg.d_model, qk + v)
+        self.out = nn.Linear(v, cfg.d_model)
+        self.dropout_p = cfg.attention_dropout
+
+    def _heads(self, x: Tensor, dim: int) -> Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.h, dim).transpose(1, 2)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output, computed once per source sentence."""
+        k, v = self.kv(memory).split([self.h * self.d_k, self.h * self.d_v], dim=-1)
+        return self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        causal: bool = False,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """x: (B, L, D). key_mask: (B, 1, 1, M) boolean, True where a key may be attended.
+
+        With a cache, self-attention appends this step's keys/values to it and
+        cross-attention reads the keys/values computed once from the encoder output.
+        """
+        if self.self_attention:
+            q, k, v = self.qkv(x).split([self.h * self.d_k] * 2 + [self.h * self.d_v], dim=-1)
+            q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+            if cache is not None:
+                k, v = cache.append_self(k, v)
+        else:
+            q = self._heads(self.q(x), self.d_k)
+            if cache is not None and cache.cross_k is not None and cache.cross_v is not None:
+                k, v = cache.cross_k, cache.cross_v
+            else:
+                assert memory is not None, "cross-attention needs the encoder output"
+                k, v = self.project_kv(memory)
+                if cache is not None:
+                    cache.cross_k, cache.cross_v = k, v
+        dropout_p = self.dropout_p if self.training else 0.0
+        weights: Tensor | None = None
+        if need_weights:
+            ctx, weights = self._explicit(q, k, v, key_mask, causal, dropout_p)
+        else:
+            ctx = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=key_mask, dropout_p=dropout_p, is_causal=causal
+            )
+        b, _, length, _ = ctx.shape
+        ctx = ctx.transpose(1, 2).reshape(b, length, self.h * self.d_v)
+        return AttentionOutput(self.out(ctx), weights)
+
+    def _explicit(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_mask: Tensor | None,
+        causal: bool,
+        dropout_p: float,
+    ) -> tuple[Tensor, Tensor]:
+        """softmax(QK^T / sqrt(d_k)) V written out, for callers that want the weights."""
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask, float("-inf"))
+        if causal:
+            lq, lk = scores.shape[-2:]
+            future = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(lk - lq + 1)
+            scores = scores.masked_fill(future, float("-inf"))
+        weights = scores.float().softmax(-1).to(v.dtype)
+        ctx = F.dropout(weights, dropout_p, self.training) @ v
+        return ctx, weights
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.relu_dropout = nn.Dropout(cfg.relu_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.relu_dropout(F.relu(self.w1(x))))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg, self_attention=True)
+        self.ffn = FeedForward(cfg)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        x = self.norm1(x + self.dropout(self.self_attn(x, key_mask=src_mask).values))
+        return self.norm2(x + self.dropout(self.ffn(x)))
+
+
+@dataclass
+class DecoderOutput:
+    hidden: Tensor  # (B, T, D)
+    cross_attention: list[Tensor] | None  # one (B, h, T, S) per layer when asked for
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg, self_attention=True)
+        self.cross_attn = MultiHeadAttention(cfg, self_attention=False)
+        self.ffn = FeedForward(cfg)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.norm3 = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        # With a cache, the single query position is the newest one, so it may see every
+        # cached key: no causal mask is needed (and SDPA's would be aligned wrongly).
+        causal = cache is None
+        a = self.self_attn(y, causal=causal, cache=cache, need_weights=need_weights)
+        y = self.norm1(y + self.dropout(a.values))
+        c = self.cross_attn(y, memory, key_mask=src_mask, cache=cache, need_weights=need_weights)
+        y = self.norm2(y + self.dropout(c.values))
+        return self.norm3(y + self.dropout(self.ffn(y))), c.weights
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with the interface search and training need.
+
+    `forward` is teacher-forced training; `encode` + `decode_step` is incremental decoding,
+    the only way search sees the model.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.src_vocab_size < 1 or cfg.tgt_vocab_size < 1:
+            raise ValueError(
+                "the model needs src_vocab_size and tgt_vocab_size from the vocabulary"
+            )
+        self.cfg = cfg
+        tgt_tokens = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        src_tokens = (
+            tgt_tokens
+            if cfg.shared_vocab
+            else nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        )
+        for emb in {id(e): e for e in (src_tokens, tgt_tokens)}.values():
+            # std d^-0.5 so that the sqrt(d) scale gives unit-variance inputs.
+            nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[cfg.pad_id].zero_()
+        self.src_embed = Embedding(src_tokens, cfg)
+        self.tgt_embed = Embedding(tgt_tokens, cfg)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The pre-softmax projection: the target embedding matrix itself (section 3.4)."""
+        return self.tgt_embed.tokens.weight
+
+    def source_mask(self, src: Tensor) -> Tensor:
+        """(B, 1, 1, S), True on real tokens: the key mask for attention over the source."""
+        return (src != self.cfg.pad_id)[:, None, None, :]
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """src: (B, S) token ids -> (B, S, D)."""
+        if src_mask is None:
+            src_mask = self.source_mask(src)
+        x = self.src_embed(src)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return x
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> DecoderOutput:
+        """tgt_in: (B, T) ids; with a cache, T new positions continue the cached prefix."""
+        start = cache.length if cache is not None else 0
+        y = self.tgt_embed(tgt_in, start)
+        weights: list[Tensor] = []
+        for i, layer in enumerate(self.decoder):
+            layer_cache = cache.layers[i] if cache is not None else None
+            y, w = layer(y, memory, src_mask, layer_cache, need_weights)
+            if w is not None:
+                weights.append(w)
+        if cache is not None:
+            cache.length += tgt_in.size(1)
+        return DecoderOutput(y, weights if need_weights else None)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """(..., D) -> (..., V) through the tied output projection, no bias."""
+        return F.linear(hidden, self.output_weight)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: (B, S), (B, T) -> logits (B, T, V)."""
+        src_mask = self.source_mask(src)
+        memory = self.encode(src, src_mask)
+        return self.logits(self.decode(tgt_in, memory, src_mask).hidden)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache.empty(len(self.decoder))
+
+    def decode_step(
+        self,
+        last_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: DecoderCache,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """One decoding step: (B,) newest tokens -> log-probabilities (B, V) of the next.
+
+        Self-attention keys/values of the prefix come from the cache; cross-attention
+        keys/values are computed from `memory` on the first step and reused after.
+        """
+        out = self.decode(last_tokens[:, None], memory, src_mask, cache, need_weights)
+        logits = self.logits(out.hidden[:, -1])
+        return logits.float().log_softmax(-1), out.cross_attention
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct parameters: a tied matrix counts once."""
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def parameter_breakdown(model: Transformer) -> dict[str, int]:
+    """Parameters per component; the shared embedding is counted once, under embeddings."""
+    seen: set[int] = set()
+
+    def count(module: nn.Module) -> int:
+        total = 0
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+        return total
+
+    parts = {
+        "embeddings": count(model.src_embed) + count(model.tgt_embed),
+        "encoder": count(model.encoder),
+        "decoder": count(model.decoder),
+    }
+    parts["total"] = sum(parts.values())
+    return parts

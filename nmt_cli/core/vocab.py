@@ -1,0 +1,107 @@
+"""SentencePiece vocabularies that travel inside every checkpoint.
+
+A `Vocab` is built from the serialized SentencePiece model (its protobuf bytes), so a
+checkpoint needs no file beside it and there is never a dictionary-size mismatch.
+Special ids are fixed for every model nmt trains: pad 0, unk 1, bos 2, eos 3.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import sentencepiece as spm
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """One SentencePiece model, loaded from its serialized bytes."""
+
+    model_proto: bytes
+    processor: spm.SentencePieceProcessor = field(compare=False, repr=False)
+
+    @classmethod
+    def from_proto(cls, model_proto: bytes) -> Vocab:
+        proc = spm.SentencePieceProcessor()
+        proc.LoadFromSerializedProto(model_proto)
+        return cls(model_proto=bytes(model_proto), processor=proc)
+
+    @classmethod
+    def from_file(cls, path: str) -> Vocab:
+        with open(path, "rb") as fh:
+            return cls.from_proto(fh.read())
+
+    def __len__(self) -> int:
+        return int(self.processor.GetPieceSize())
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Raw text -> ids, without bos/eos (the caller adds what its side needs)."""
+        return [list(ids) for ids in self.processor.Encode(list(texts), out_type=int)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> detokenized text; special ids are dropped."""
+        return str(self.processor.Decode([i for i in ids if i > EOS_ID]))
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        return [str(self.processor.IdToPiece(i)) for i in ids]
+
+
+@dataclass(frozen=True)
+class VocabPair:
+    """Source and target vocabularies; one object twice when the vocabulary is joint."""
+
+    src: Vocab
+    tgt: Vocab
+
+    @property
+    def joint(self) -> bool:
+        return self.src.model_proto == self.tgt.model_proto
+
+    @classmethod
+    def from_protos(cls, src: bytes, tgt: bytes) -> VocabPair:
+        src_vocab = Vocab.from_proto(src)
+        return cls(src_vocab, src_vocab if src == tgt else Vocab.from_proto(tgt))
+
+
+def train_sentencepiece(
+    lines: Iterable[str],
+    vocab_size: int,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+    max_sentences: int = 2_000_000,
+    seed_sentencepiece_size: int = 1_000_000,
+) -> bytes:
+    """Train a SentencePiece model on `lines` and return its serialized bytes.
+
+    SentencePiece itself samples at most `max_sentences` of the lines it is given
+    (`input_sentence_size`), so callers should pass a bounded sample for large corpora.
+    Raises RuntimeError from SentencePiece when the data cannot support `vocab_size`.
+    """
+    buffer = io.BytesIO()
+
+    def sentences() -> Iterator[str]:
+        for line in lines:
+            line = line.strip()
+            if line:
+                yield line
+
+    spm.SentencePieceTrainer.Train(
+        sentence_iterator=sentences(),
+        model_writer=buffer,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=True,
+        seed_sentencepiece_size=seed_sentencepiece_size,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        num_threads=2,
+        minloglevel=2,
+    )
+    return buffer.getvalue()

@@ -1,0 +1,1 @@
+"""Engines: one module per command, taking frozen dataclasses and returning results."""

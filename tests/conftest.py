@@ -1,0 +1,37 @@
+"""Shared fixtures: tiny seeded models so the whole suite runs on a CPU in minutes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nmt_cli.core.transformer import ModelConfig, Transformer
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture
+def tiny_config() -> ModelConfig:
+    return ModelConfig(
+        encoder_layers=2,
+        decoder_layers=2,
+        d_model=32,
+        d_ff=64,
+        n_heads=4,
+        dropout=0.0,
+        src_vocab_size=40,
+        tgt_vocab_size=40,
+        max_positions=128,
+    )
+
+
+@pytest.fixture
+def tiny_model(tiny_config: ModelConfig) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(tiny_config).eval()
+
+
+def replace(cfg: ModelConfig, **changes: object) -> ModelConfig:
+    return dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]
