@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import zipfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -99,13 +99,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        raw = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about foreign pickle protocols
+            raw = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f"{path}: refused, the file holds objects other than weights and plain data "
             f"(it may try to run code when loaded): {str(exc).splitlines()[0]}"
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+    except Exception as exc:  # torch raises many types for a file that is not a checkpoint
         raise CheckpointError(
             f"{path}: not a readable checkpoint (truncated or not written by nmt): "
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"

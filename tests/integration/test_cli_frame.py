@@ -1,0 +1,59 @@
+"""The `nmt` command frame: help, version, exit codes, dry run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt_cli import __version__
+from nmt_cli.cli import app
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+runner = CliRunner()
+
+
+def test_help_explains_the_toolkit() -> None:
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "Attention Is All You Need" in result.output
+    assert "train" in result.output
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"nmt {__version__}"
+
+
+def test_usage_error_exits_2() -> None:
+    assert runner.invoke(app, ["train"]).exit_code == 2
+    assert runner.invoke(app, ["no-such-command"]).exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("recipe", "expected"), [("base.toml", 64_618_496), ("big.toml", 217_317_376)]
+)
+def test_dry_run_prints_parameter_counts(recipe: str, expected: int) -> None:
+    result = runner.invoke(
+        app, ["train", str(RECIPES / recipe), "--dry-run", "--vocab-size", "40000"]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"parameters: {expected}" in result.stdout
+    assert "encoder" in result.output and "decoder" in result.output
+
+
+def test_dry_run_with_override() -> None:
+    args = ["train", str(RECIPES / "base.toml"), "--dry-run", "--vocab-size", "1000"]
+    result = runner.invoke(app, [*args, "--set", "model.encoder_layers=1"])
+    assert result.exit_code == 0, result.output
+
+
+def test_user_mistake_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model]\nd_modle = 3\n")
+    result = runner.invoke(app, ["train", str(bad), "--dry-run"])
+    assert result.exit_code == 1
+    assert "did you mean model.d_model" in result.output
+    assert "Traceback" not in result.output
