@@ -113,6 +113,19 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
+class ScoreConfig:
+    """Which BLEU flavours `nmt run` reports; both by default, always labelled.
+
+    sacreBLEU scores detokenized output against raw references (comparable across papers);
+    the paper's figure is tokenized BLEU with hyphenated compounds split (section 6.1).
+    """
+
+    sacrebleu: bool = True
+    paper_bleu: bool = True
+    chrf: bool = True
+
+
+@dataclass(frozen=True)
 class RecipeConfig:
     name: str = "recipe"
     description: str = ""
@@ -120,6 +133,7 @@ class RecipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+
 from nmt_cli.config import RecipeConfig
 from nmt_cli.core.transformer import ModelConfig, Transformer, parameter_breakdown
 
@@ -22,5 +24,7 @@ def summarize_model(
     cfg = dataclasses.replace(
         recipe.model, src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab or src_vocab
     )
-    model = Transformer(cfg)
+    # On the meta device nothing is allocated: a big model is described in milliseconds.
+    with torch.device("meta"):
+        model = Transformer(cfg)
     return ModelSummary(config=cfg, parameters=parameter_breakdown(model))

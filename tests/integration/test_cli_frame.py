@@ -57,3 +57,10 @@ def test_user_mistake_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "did you mean model.d_model" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.toml")), ids=lambda p: p.name)
+def test_every_recipe_builds_its_model(recipe: Path) -> None:
+    result = runner.invoke(app, ["train", str(recipe), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert int(result.stdout.split("parameters:")[1].split()[0]) > 1_000_000
