@@ -5,7 +5,12 @@ from __future__ import annotations
 import typer
 
 from nmt_cli import __version__
+from nmt_cli.commands.average import average_checkpoints
+from nmt_cli.commands.prepare import prepare_command
+from nmt_cli.commands.run import run
+from nmt_cli.commands.score import score
 from nmt_cli.commands.train import train
+from nmt_cli.commands.translate import translate
 
 app = typer.Typer(
     name="nmt",
@@ -36,7 +41,12 @@ def _root(
     """Neural machine translation with the Transformer."""
 
 
+app.command("prepare")(prepare_command)
 app.command("train")(train)
+app.command("translate")(translate)
+app.command("average-checkpoints")(average_checkpoints)
+app.command("score")(score)
+app.command("run")(run)
 
 
 def main() -> None:

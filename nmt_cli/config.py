@@ -46,8 +46,16 @@ class DataConfig:
     max_pairs: int = 0  # 0 = all
     test_split: str = ""  # which test file when a directory has several
     seed: int = 1
+    valid_split: str = ""  # which dev file when a directory has several
+    sample_max_pairs: bool = False  # max_pairs takes a seeded sample, not the first pairs
+    on_bad_utf8: str = "error"  # or "replace": go on and count the damaged lines
+    cache_dir: str = ""  # the datasets cache for presets; empty = the library's default
 
     def __post_init__(self) -> None:
+        if self.on_bad_utf8 not in ("error", "replace"):
+            raise ValueError(
+                f"data.on_bad_utf8 must be 'error' or 'replace', got {self.on_bad_utf8!r}"
+            )
         if self.vocab_size < 8:
             raise ValueError(f"data.vocab_size must be at least 8, got {self.vocab_size}")
         if self.max_len_ratio < 1.0:
@@ -104,10 +112,27 @@ class DecodeConfig:
     batch_tokens: int = 0  # 0 = limit by sentences only
     precision: Precision = "auto"
     average_last: int = 5  # checkpoints averaged for the final model (base 5, big 20)
+    nbest: int = 1  # hypotheses kept per sentence (at most beam_size)
+    device: str = "auto"  # "cpu", "cuda", "cuda:1", ...; auto = cuda if available
+    threads: int = 0  # CPU threads; 0 = all cores available to the process
+    workers: int = 0  # CPU batches decoded side by side; 0 = one per thread
+    buffer_lines: int = 2000  # read-ahead: lines sorted by length together, memory bound
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ValueError(f"decode.beam_size must be at least 1, got {self.beam_size}")
+        if not 1 <= self.nbest <= self.beam_size:
+            raise ValueError(
+                f"decode.nbest must be between 1 and the beam size ({self.beam_size}), "
+                f"got {self.nbest}"
+            )
+        if self.batch_sentences < 1 or self.batch_tokens < 0 or self.buffer_lines < 1:
+            raise ValueError(
+                "decode.batch_sentences and decode.buffer_lines must be at least 1 and "
+                "decode.batch_tokens at least 0"
+            )
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise ValueError("decode.max_len_a and decode.max_len_b must not be negative")
         if self.average_last < 1:
             raise ValueError(f"decode.average_last must be at least 1, got {self.average_last}")
 

@@ -12,6 +12,7 @@ every file, so a reader can refuse a directory that is missing pieces or was cha
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,15 +50,44 @@ class PreparedData:
         if name not in self.manifest["splits"]:
             raise NmtError(f"{self.root}: no '{name}' split (have: {', '.join(self.splits)})")
         try:
-            return TokenStore(self.root / f"{name}.src"), TokenStore(self.root / f"{name}.tgt")
+            src, tgt = TokenStore(self.root / f"{name}.src"), TokenStore(self.root / f"{name}.tgt")
         except (OSError, ValueError) as exc:
             raise NmtError(
                 f"{self.root}: split '{name}' is unreadable ({exc}); rerun nmt prepare with --force"
             ) from None
+        expected = self.manifest["splits"][name].get("pairs")
+        if expected is not None and not len(src) == len(tgt) == expected:
+            raise NmtError(
+                f"{self.root}: split '{name}' holds {len(src)} source and {len(tgt)} target "
+                f"sentences, the manifest says {expected}; rerun nmt prepare with --force"
+            )
+        return src, tgt
+
+    def changed_files(self) -> list[str]:
+        """Files whose SHA-256 no longer matches the manifest (missing ones included).
+
+        Reads every file once; `open_data_dir` does not call it because training should not
+        hash gigabytes at every start, but `nmt prepare` does before calling a directory
+        up to date.
+        """
+        changed = []
+        for name, digest in sorted(self.manifest.get("files", {}).items()):
+            path = self.root / name
+            if not path.is_file() or sha256_file(path) != digest:
+                changed.append(name)
+        return changed
 
     def raw_text(self, name: str, side: str) -> Path:
         """The untokenized text of a dev/test split, side 'src' or 'tgt'."""
         return self.root / f"{name}.{side}.txt"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def open_data_dir(path: str | Path) -> PreparedData:

@@ -9,41 +9,68 @@ import typer
 from rich.table import Table
 
 from nmt_cli.commands.common import SET_HELP, err_console, recipe_from_cli, user_errors
+from nmt_cli.commands.train_display import TrainDisplay, summary_table
+from nmt_cli.config import RecipeConfig
 from nmt_cli.engines.summary import summarize_model
-from nmt_cli.errors import NmtError
+from nmt_cli.engines.train import TrainOptions
+from nmt_cli.engines.train import train as run_training
 
 
 def train(
     recipe: Path = typer.Argument(..., help="Recipe TOML file, e.g. recipes/base.toml."),
+    gpus: int = typer.Option(
+        0, "--gpus", help="GPUs to train on, one process each (DDP over NCCL); 0 = the CPU."
+    ),
+    procs: int = typer.Option(1, "--procs", help="CPU processes (DDP over gloo) when --gpus is 0."),
+    run_dir: str | None = typer.Option(
+        None, "--run-dir", help="Run directory (default: the recipe's train.run_dir)."
+    ),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Build the model and print a summary; touch no data."
     ),
     vocab_size: int | None = typer.Option(
         None, "--vocab-size", help="Vocabulary size for --dry-run without a data directory."
     ),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
-    """Train the recipe's model on its prepared data directory."""
+    """Train the recipe's model on its prepared data directory (data.dir).
+
+    Rerunning the same command on a run directory resumes from checkpoints/last.pt.
+    Ctrl-C (SIGINT) or SIGTERM saves and stops cleanly. Under torchrun, RANK/WORLD_SIZE/
+    LOCAL_RANK/MASTER_ADDR/MASTER_PORT are read from the environment.
+    """
     with user_errors():
         cfg = recipe_from_cli(str(recipe), set_)
-        if not dry_run:
-            raise NmtError("training arrives with the training engine; use --dry-run for now")
-        size = vocab_size or cfg.data.vocab_size
-        summary = summarize_model(cfg, size)
-        table = Table(title=f"{cfg.name}: model summary (vocabulary {size:,}, shared)")
-        table.add_column("component")
-        table.add_column("parameters", justify="right")
-        for part, n in summary.parameters.items():
-            table.add_row(part, f"{n:,}")
-        err_console.print(table)
-        settings = Table(title="settings")
-        settings.add_column("setting")
-        settings.add_column("value")
-        for f in dataclasses.fields(summary.config):
-            settings.add_row(f"model.{f.name}", str(getattr(summary.config, f.name)))
-        for section in ("train", "decode"):
-            obj = getattr(cfg, section)
-            for f in dataclasses.fields(obj):
-                settings.add_row(f"{section}.{f.name}", str(getattr(obj, f.name)))
-        err_console.print(settings)
-        typer.echo(f"parameters: {summary.parameters['total']}")
+        if dry_run:
+            _dry_run(cfg, vocab_size or cfg.data.vocab_size)
+            return
+        display = TrainDisplay(err_console)
+        try:
+            result = run_training(
+                cfg, TrainOptions(run_dir=run_dir, gpus=gpus, procs=procs), on_event=display
+            )
+        finally:
+            display.close()
+        err_console.print(summary_table(result))
+        typer.echo(str(result.last_checkpoint or result.run_dir / "checkpoints" / "last.pt"))
+
+
+def _dry_run(cfg: RecipeConfig, size: int) -> None:
+    summary = summarize_model(cfg, size)
+    table = Table(title=f"{cfg.name}: model summary (vocabulary {size:,}, shared)")
+    table.add_column("component")
+    table.add_column("parameters", justify="right")
+    for part, n in summary.parameters.items():
+        table.add_row(part, f"{n:,}")
+    err_console.print(table)
+    settings = Table(title="settings")
+    settings.add_column("setting")
+    settings.add_column("value")
+    for f in dataclasses.fields(summary.config):
+        settings.add_row(f"model.{f.name}", str(getattr(summary.config, f.name)))
+    for section in ("train", "decode"):
+        obj = getattr(cfg, section)
+        for f in dataclasses.fields(obj):
+            settings.add_row(f"{section}.{f.name}", str(getattr(obj, f.name)))
+    err_console.print(settings)
+    typer.echo(f"parameters: {summary.parameters['total']}")

@@ -33,6 +33,11 @@ def smallest_dtype(vocab_size: int) -> type[np.integer]:
     return np.int64
 
 
+def _with_ext(prefix: Path, ext: str) -> Path:
+    """`train.src` -> `train.src.bin`: appended, not `with_suffix`, which would drop `.src`."""
+    return prefix.with_name(prefix.name + ext)
+
+
 def _code(dtype: type[np.integer]) -> int:
     return next(code for code, d in _DTYPES.items() if d == dtype)
 
@@ -47,35 +52,56 @@ class TokenStoreWriter:
     def __init__(self, prefix: str | Path, vocab_size: int) -> None:
         self.prefix = Path(prefix)
         self.dtype = smallest_dtype(vocab_size)
-        self._bin_ctx = atomic_path(self.prefix.with_suffix(".bin"))
+        self._bin_ctx = atomic_path(_with_ext(self.prefix, ".bin"))
         self._bin_tmp = self._bin_ctx.__enter__()
         self._bin = open(self._bin_tmp, "wb")  # noqa: SIM115 - closed in close()
-        self._offsets: list[int] = [0]
+        # Offsets stream to the temporary index as they come, so memory does not grow with
+        # the corpus; the header's count is filled in by close().
+        self._idx_ctx = atomic_path(_with_ext(self.prefix, ".idx"))
+        self._idx_tmp = self._idx_ctx.__enter__()
+        self._idx = open(self._idx_tmp, "wb")  # noqa: SIM115 - closed in close()
+        self._idx.write(_HEADER.pack(MAGIC, _code(self.dtype), 0))
+        self._idx.write(np.zeros(1, dtype=np.int64).tobytes())
+        self._n = 0
         self.tokens = 0
 
     def add(self, ids: Iterable[int] | np.ndarray) -> None:
         arr = np.asarray(ids, dtype=self.dtype)
         self._bin.write(arr.tobytes())
         self.tokens += int(arr.size)
-        self._offsets.append(self.tokens)
+        self._idx.write(np.int64(self.tokens).tobytes())
+        self._n += 1
+
+    def add_flat(self, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Append many sequences at once: their ids concatenated, and each one's length."""
+        flat = np.asarray(ids, dtype=self.dtype)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != flat.size:
+            raise ValueError(f"lengths sum to {int(lengths.sum())} but {flat.size} ids were given")
+        self._bin.write(flat.tobytes())
+        self._idx.write((self.tokens + np.cumsum(lengths)).astype(np.int64).tobytes())
+        self.tokens += int(flat.size)
+        self._n += len(lengths)
 
     def add_many(self, seqs: Iterable[Iterable[int] | np.ndarray]) -> None:
         for seq in seqs:
             self.add(seq)
 
     def __len__(self) -> int:
-        return len(self._offsets) - 1
+        return self._n
 
     def close(self) -> None:
         self._bin.close()
-        offsets = np.asarray(self._offsets, dtype=np.int64)
-        with atomic_path(self.prefix.with_suffix(".idx")) as tmp, open(tmp, "wb") as fh:
-            fh.write(_HEADER.pack(MAGIC, _code(self.dtype), len(offsets) - 1))
-            fh.write(offsets.tobytes())
+        self._idx.seek(0)
+        self._idx.write(_HEADER.pack(MAGIC, _code(self.dtype), self._n))
+        self._idx.close()
+        self._idx_ctx.__exit__(None, None, None)
         self._bin_ctx.__exit__(None, None, None)
 
     def abort(self) -> None:
         self._bin.close()
+        self._idx.close()
+        self._idx_ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
         self._bin_ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
 
 
@@ -84,7 +110,7 @@ class TokenStore:
 
     def __init__(self, prefix: str | Path) -> None:
         self.prefix = Path(prefix)
-        idx_path, bin_path = self.prefix.with_suffix(".idx"), self.prefix.with_suffix(".bin")
+        idx_path, bin_path = _with_ext(self.prefix, ".idx"), _with_ext(self.prefix, ".bin")
         with open(idx_path, "rb") as fh:
             head = fh.read(_HEADER.size)
             if len(head) < _HEADER.size:

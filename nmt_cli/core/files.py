@@ -21,6 +21,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp creates 0600; results are shared like any file a user writes (0644).
+    tmp.chmod(0o644)
     try:
         yield tmp
         with open(tmp, "rb") as fh:

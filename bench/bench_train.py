@@ -1,0 +1,232 @@
+"""Training throughput on this machine: target tokens/s and the fraction of matmul peak.
+
+Runs the training engine's own update (`nmt_cli.engines.train_step.Updater`: forward,
+label-smoothed loss, backward, Adam) on length-grouped batches shaped like Multi30k
+(about 13 source / 14 target tokens a sentence), for the small Multi30k model (3+3 layers,
+d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512, 2048,
+8 heads, vocabulary 37,000), in fp32 and bf16 autocast. The matmul peak of each precision
+is measured in the same run (2048^3 products), because this host's speed drifts.
+
+With --reference it also times the naive PyTorch model of ../shared/PERF.md
+(torch.nn.Transformer, nn.Dropout, log-softmax cross-entropy, Adam) on the same batches:
+its ratio to fairseq is known from that page (naive fp32 ~2,000 and bf16 ~3,200 tokens/s
+when fairseq does ~3,000 / ~3,300), so the printed ratios survive the host's drift.
+
+    .venv/bin/python bench/bench_train.py --models small --precisions fp32,bf16 --reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt_cli.core.batching import Batch, length_grouped_batches
+from nmt_cli.core.schedule import paper_adam
+from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.engines.train_step import Updater
+
+MODELS = {
+    "small": ModelConfig(
+        encoder_layers=3, decoder_layers=3, d_model=256, d_ff=1024, n_heads=4,
+        src_vocab_size=8000, tgt_vocab_size=8000,
+    ),
+    "base": ModelConfig(src_vocab_size=37000, tgt_vocab_size=37000),
+}  # fmt: skip
+
+# Peer figures on this machine (../shared/PERF.md), target tokens/s.
+FAIRSEQ = {"fp32": 3000.0, "bf16": 3300.0}
+NAIVE_PER_FAIRSEQ = {"fp32": 2000.0 / 3000.0, "bf16": 3200.0 / 3300.0}
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 6) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = math.inf
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def multi30k_like_batches(vocab: int, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
+    """Length-grouped batches of synthetic sentences with Multi30k's length profile."""
+    rng = np.random.default_rng(seed)
+    n = 20000
+    src_len = np.clip(rng.normal(13, 4.5, n).round(), 3, 45).astype(np.int64)
+    tgt_len = np.clip((src_len * rng.normal(1.08, 0.15, n)).round(), 3, 50).astype(np.int64)
+    groups = length_grouped_batches(src_len, tgt_len, max_tokens, seed=seed, epoch=0)
+    out = []
+    for idx in groups[:count]:
+        s, t = int(src_len[idx].max()) + 1, int(tgt_len[idx].max()) + 1
+        src = torch.full((len(idx), s), PAD_ID, dtype=torch.long)
+        tin = torch.full((len(idx), t), PAD_ID, dtype=torch.long)
+        tout = torch.full((len(idx), t), PAD_ID, dtype=torch.long)
+        for row, i in enumerate(idx):
+            a, b = int(src_len[i]), int(tgt_len[i])
+            src[row, :a] = torch.from_numpy(rng.integers(4, vocab, a))
+            src[row, a] = EOS_ID
+            ids = torch.from_numpy(rng.integers(4, vocab, b))
+            tin[row, 0], tin[row, 1 : b + 1] = BOS_ID, ids
+            tout[row, :b], tout[row, b] = ids, EOS_ID
+        out.append(
+            Batch(src, tin, tout, int((src_len[idx] + 1).sum()), int((tgt_len[idx] + 1).sum()))
+        )
+    return out
+
+
+def train_flops(cfg: ModelConfig, batch: Batch) -> float:
+    """Matrix-product FLOPs of forward + backward (3x forward) on the padded batch."""
+    b, s = batch.src.shape
+    t = batch.tgt_in.size(1)
+    d, f = cfg.d_model, cfg.d_ff
+    enc = cfg.encoder_layers * (b * s * (8 * d * d + 4 * d * f) + 4 * b * s * s * d)
+    dec = cfg.decoder_layers * (
+        b * t * (12 * d * d + 4 * d * f) + b * s * 4 * d * d + 4 * b * t * t * d + 4 * b * t * s * d
+    )
+    logits = 2 * b * t * d * cfg.tgt_vocab_size
+    return 3.0 * (enc + dec + logits)
+
+
+@dataclass
+class Timing:
+    tokens_per_s: float
+    flops_per_s: float
+
+
+def time_steps(step: object, batches: list[Batch], cfg: ModelConfig, steps: int) -> Timing:
+    """Median over steps of one update each, after two warm-up updates."""
+    run = step  # callable(batch)
+    for batch in batches[:2]:
+        run(batch)  # type: ignore[operator]
+    rates, flops = [], []
+    for i in range(steps):
+        batch = batches[i % len(batches)]
+        t = time.perf_counter()
+        run(batch)  # type: ignore[operator]
+        dt = time.perf_counter() - t
+        rates.append(batch.tgt_tokens / dt)
+        flops.append(train_flops(cfg, batch) / dt)
+    return Timing(statistics.median(rates), statistics.median(flops))
+
+
+def nmt_step(cfg: ModelConfig, precision: str) -> object:
+    torch.manual_seed(0)
+    model = Transformer(cfg)
+    updater = Updater(
+        model, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.1, PAD_ID,
+        0.0, 1,
+    )  # fmt: skip
+
+    def run(batch: Batch) -> None:
+        updater.update([(batch, 1.0)], batch.tgt_tokens, 1e-4, [0])
+
+    return run
+
+
+class NaiveModel(nn.Module):
+    """PERF.md's naive baseline: torch.nn.Transformer with tied embeddings."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=PAD_ID)
+        self.core = nn.Transformer(
+            cfg.d_model, cfg.n_heads, cfg.encoder_layers, cfg.decoder_layers, cfg.d_ff,
+            cfg.dropout, batch_first=True,
+        )  # fmt: skip
+        self.drop = nn.Dropout(cfg.dropout)
+        self.scale = math.sqrt(cfg.d_model)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        causal = self.core.generate_square_subsequent_mask(tgt.size(1))
+        out = self.core(
+            self.drop(self.embed(src) * self.scale),
+            self.drop(self.embed(tgt) * self.scale),
+            tgt_mask=causal,
+            src_key_padding_mask=src == PAD_ID,
+            memory_key_padding_mask=src == PAD_ID,
+        )
+        return F.linear(out, self.embed.weight)
+
+
+def naive_step(cfg: ModelConfig, precision: str) -> object:
+    torch.manual_seed(0)
+    model = NaiveModel(cfg).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+    def run(batch: Batch) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(batch.src, batch.tgt_in)
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).float(),
+                batch.tgt_out.reshape(-1),
+                ignore_index=PAD_ID,
+                label_smoothing=0.1,
+                reduction="sum",
+            )
+        (loss / batch.tgt_tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="small,base")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
+    parser.add_argument("--reference", action="store_true", help="also time the naive model")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print("command:", shlex.join([sys.executable.split("/")[-1], *sys.argv]))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    print(
+        f"matmul peak (2048^3): fp32 {peaks['fp32'] / 1e9:,.0f} GFLOP/s, "
+        f"bf16 {peaks['bf16'] / 1e9:,.0f} GFLOP/s"
+    )
+    for name in args.models.split(","):
+        cfg = MODELS[name]
+        batches = multi30k_like_batches(cfg.tgt_vocab_size, args.max_tokens, count=6)
+        avg = statistics.mean(b.tgt_tokens for b in batches)
+        print(f"\n{name}: {len(batches)} batches of ~{avg:,.0f} target tokens")
+        for precision in args.precisions.split(","):
+            ours = time_steps(nmt_step(cfg, precision), batches, cfg, args.steps)
+            line = (
+                f"  {precision}: nmt {ours.tokens_per_s:8,.0f} tgt tok/s, "
+                f"{ours.flops_per_s / 1e9:6,.0f} GFLOP/s = "
+                f"{ours.flops_per_s / peaks[precision]:5.1%} of the {precision} matmul peak"
+            )
+            if args.reference:
+                naive = time_steps(naive_step(cfg, precision), batches, cfg, args.steps)
+                fairseq_est = naive.tokens_per_s / NAIVE_PER_FAIRSEQ[precision]
+                line += (
+                    f" | naive {naive.tokens_per_s:8,.0f} tok/s; nmt / naive "
+                    f"{ours.tokens_per_s / naive.tokens_per_s:4.2f}x"
+                )
+                if name == "small":
+                    line += (
+                        f"; vs fairseq (estimated in this run {fairseq_est:,.0f}): "
+                        f"{ours.tokens_per_s / fairseq_est:4.2f}x; vs fairseq's fp32 figure "
+                        f"{FAIRSEQ['fp32']:,.0f}: {ours.tokens_per_s / FAIRSEQ['fp32']:4.2f}x"
+                    )
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

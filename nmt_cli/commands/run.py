@@ -1,0 +1,83 @@
+"""`nmt run`: prepare, train, average, translate and score one recipe, resumably."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from nmt_cli.commands.common import SET_HELP, err_console, recipe_from_cli, user_errors
+from nmt_cli.commands.prepare_progress import StageProgress
+from nmt_cli.commands.train_display import TrainDisplay, _duration
+from nmt_cli.engines.run import STAGES, RunHooks, RunOptions, RunResult, StageNotice, run_recipe
+
+_STAGE_HELP = f"One of {', '.join(STAGES)}."
+
+
+def run(
+    recipe: Path = typer.Argument(..., help="Recipe TOML file, e.g. recipes/demo.toml."),
+    from_stage: str = typer.Option("prepare", "--from", help=f"First stage to run. {_STAGE_HELP}"),
+    until: str = typer.Option("score", "--until", help=f"Last stage to run. {_STAGE_HELP}"),
+    gpus: int = typer.Option(0, "--gpus", help="GPUs to train on; 0 = the CPU."),
+    procs: int = typer.Option(1, "--procs", help="CPU processes (gloo) when --gpus is 0."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Run a whole experiment: prepare -> train -> average -> translate -> score.
+
+    Each stage whose output is already complete is skipped, so rerunning after any
+    interruption continues where it stopped. Ends with a table in the shape of the
+    paper's Table 2 and writes results.json into the run directory.
+    """
+    with user_errors():
+        cfg = recipe_from_cli(str(recipe), set_)
+        options = RunOptions(from_stage=from_stage, until_stage=until, gpus=gpus, procs=procs)
+        display = TrainDisplay(err_console)
+        progress = StageProgress(err_console)
+
+        def on_stage(notice: StageNotice) -> None:
+            # The prepare bars live only while prepare runs, so later output follows them.
+            if notice.status == "start":
+                err_console.rule(f"[bold]{notice.stage}")
+                if notice.stage == "prepare":
+                    progress.__enter__()
+            elif notice.status == "done" and notice.stage == "prepare":
+                progress.__exit__(None, None, None)
+            if notice.status != "start" and notice.detail:
+                err_console.print(f"[dim]{notice.stage}: {notice.detail}[/]", highlight=False)
+
+        hooks = RunHooks(stage=on_stage, prepare=progress, train=display)
+        try:
+            result = run_recipe(cfg, options, hooks)
+        finally:
+            display.close()
+        if result.systems:
+            err_console.print(results_table(result))
+            typer.echo(f"{result.run_dir}/results.json")
+
+
+def results_table(result: RunResult) -> Table:
+    """The paper's Table 2 shape: one row per system, both BLEU flavours side by side."""
+    pair = f"{result.src.upper()}-{result.tgt.upper()}"
+    table = Table(title=f"{result.recipe}: {pair} test set", caption=_caption(result))
+    for column in ("model", "sacreBLEU", "BLEU (tokenized)", "chrF2", "steps", "time", "params"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for s in result.systems:
+        table.add_row(
+            s.system,
+            f"{s.bleu:.1f}",
+            f"{s.paper_bleu:.1f}" if s.paper_bleu is not None else "-",
+            f"{s.chrf:.1f}",
+            f"{result.steps:,}",
+            _duration(result.train_seconds),
+            f"{result.parameters / 1e6:.1f}M",
+        )
+    return table
+
+
+def _caption(result: RunResult) -> str:
+    first = result.systems[0]
+    lines = [f"sacreBLEU: {first.bleu_signature}"]
+    if first.paper_bleu_signature:
+        lines.append(f"tokenized (the paper's way, not comparable): {first.paper_bleu_signature}")
+    return "\n".join(lines)

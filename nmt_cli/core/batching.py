@@ -1,0 +1,182 @@
+"""Batches like the paper's: sentence pairs grouped by length into max-token batches.
+
+Section 5.1: "Sentence pairs were batched together by approximate sequence length. Each
+training batch contained a set of sentence pairs containing approximately 25000 source
+tokens and 25000 target tokens." Here a batch holds as many pairs of similar length as fit
+in `max_tokens` *padded* tokens on each side (sentences x longest sentence), so padding
+stays small and the memory a batch needs is bounded.
+
+One epoch's plan is a pure function of (lengths, max_tokens, seed, epoch): every rank of
+a distributed run computes the same plan without talking to the others, takes its own
+slots of each update, and knows the target-token count of the whole update (needed to
+normalise the loss as one large batch would) without a collective. Resuming needs only
+(epoch, update index).
+
+Conventions (see `nmt_cli.core.vocab`): source = ids + [EOS]; target input = [BOS] + ids;
+target output = ids + [EOS]; padding id 0 on the right. Each side is therefore one token
+longer than its stored sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from nmt_cli.core.data import TokenStore
+from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
+
+
+def length_grouped_batches(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[np.ndarray]:
+    """One epoch's batches: arrays of example indices, every example exactly once.
+
+    Examples are sorted by (target, source) length with ties broken by a seeded random
+    permutation, cut greedily so that sentences x longest side <= max_tokens, and the
+    batch order is shuffled. A pair longer than `max_tokens` on its own gets a batch of
+    its own rather than being dropped silently (prepare filters overlong pairs).
+    With `shuffle=False` the order is deterministic and independent of seed and epoch
+    (for validation).
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    src_len = np.asarray(src_lengths, dtype=np.int64) + 1  # + EOS
+    tgt_len = np.asarray(tgt_lengths, dtype=np.int64) + 1  # + BOS / EOS
+    n = len(src_len)
+    if len(tgt_len) != n:
+        raise ValueError(f"{n} source but {len(tgt_len)} target lengths")
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(n) if shuffle else np.arange(n)
+    order = perm[np.lexsort((src_len[perm], tgt_len[perm]))]  # stable: ties keep perm order
+    longest = np.maximum(src_len, tgt_len)[order]
+    # Sorted by target length, so a batch's longest side is (nearly) its last element;
+    # the running maximum handles the source side exactly.
+    bounds: list[int] = [0]
+    width = 0
+    start = 0
+    for i, size in enumerate(longest.tolist()):
+        width = max(width, size)
+        if (i - start + 1) * width > max_tokens and i > start:
+            bounds.append(i)
+            start = i
+            width = size
+    bounds.append(n)
+    batches = [order[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch's batches grouped into optimizer updates of `world * accum` slots.
+
+    Update u consists of batches [u * slots, (u + 1) * slots); rank r runs slots
+    r * accum ... r * accum + accum - 1 of it. The last update may have empty slots: the
+    rank runs a zero-weight batch there, so every rank makes the same number of forward
+    and backward passes (DDP needs that) while each example still counts once.
+    """
+
+    batches: list[np.ndarray]
+    tgt_tokens: np.ndarray  # (n_batches,) real target tokens per batch (with EOS)
+    world: int
+    accum: int
+
+    @property
+    def slots(self) -> int:
+        return self.world * self.accum
+
+    @property
+    def updates(self) -> int:
+        return -(-len(self.batches) // self.slots)
+
+    def rank_slots(self, update: int, rank: int) -> list[int | None]:
+        """Batch indices this rank runs in `update`, None for an empty slot."""
+        first = update * self.slots + rank * self.accum
+        return [i if i < len(self.batches) else None for i in range(first, first + self.accum)]
+
+    def update_tgt_tokens(self, update: int) -> int:
+        """Target tokens of the whole update over all ranks: the loss normaliser."""
+        lo = update * self.slots
+        return int(self.tgt_tokens[lo : lo + self.slots].sum())
+
+
+def plan_epoch(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    world: int = 1,
+    accum: int = 1,
+    shuffle: bool = True,
+) -> EpochPlan:
+    batches = length_grouped_batches(src_lengths, tgt_lengths, max_tokens, seed, epoch, shuffle)
+    tgt_len = np.asarray(tgt_lengths, dtype=np.int64) + 1
+    tokens = np.array([int(tgt_len[b].sum()) for b in batches], dtype=np.int64)
+    return EpochPlan(batches=batches, tgt_tokens=tokens, world=world, accum=accum)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Padded id tensors of one batch, with the counts the trainer needs."""
+
+    src: Tensor  # (B, S) ids + EOS
+    tgt_in: Tensor  # (B, T) BOS + ids
+    tgt_out: Tensor  # (B, T) ids + EOS
+    src_tokens: int  # real tokens, padding excluded
+    tgt_tokens: int
+
+    @property
+    def sentences(self) -> int:
+        return int(self.src.size(0))
+
+    def to(self, device: torch.device | str) -> Batch:
+        non_blocking = torch.device(device).type == "cuda"
+        return Batch(
+            self.src.to(device, non_blocking=non_blocking),
+            self.tgt_in.to(device, non_blocking=non_blocking),
+            self.tgt_out.to(device, non_blocking=non_blocking),
+            self.src_tokens,
+            self.tgt_tokens,
+        )
+
+
+def collate(src: TokenStore, tgt: TokenStore, indices: np.ndarray) -> Batch:
+    """Build the padded tensors of the examples `indices` (see the module conventions)."""
+    idx = [int(i) for i in indices]
+    src_seqs = [src[i] for i in idx]
+    tgt_seqs = [tgt[i] for i in idx]
+    b = len(idx)
+    s_len = max(len(x) for x in src_seqs) + 1
+    t_len = max(len(y) for y in tgt_seqs) + 1
+    src_arr = np.full((b, s_len), PAD_ID, dtype=np.int64)
+    tin_arr = np.full((b, t_len), PAD_ID, dtype=np.int64)
+    tout_arr = np.full((b, t_len), PAD_ID, dtype=np.int64)
+    src_tokens = tgt_tokens = 0
+    for row, (x, y) in enumerate(zip(src_seqs, tgt_seqs, strict=True)):
+        n, m = len(x), len(y)
+        src_arr[row, :n] = x
+        src_arr[row, n] = EOS_ID
+        tin_arr[row, 0] = BOS_ID
+        tin_arr[row, 1 : m + 1] = y
+        tout_arr[row, :m] = y
+        tout_arr[row, m] = EOS_ID
+        src_tokens += n + 1
+        tgt_tokens += m + 1
+    return Batch(
+        torch.from_numpy(src_arr),
+        torch.from_numpy(tin_arr),
+        torch.from_numpy(tout_arr),
+        src_tokens,
+        tgt_tokens,
+    )

@@ -1,0 +1,86 @@
+"""Dropout (section 5.4) with a cheaper mask on the CPU, and dropout fused with the residual.
+
+On a CPU, `torch.nn.functional.dropout` draws one Bernoulli sample per element, and on a
+small Transformer those random numbers cost as much as a fifth of a training step. Here
+one 64-bit random word gives four 16-bit uniform numbers, each compared with
+round(p * 65536): the drop probability is p to within 1/65536 (0.1 becomes 0.100006),
+the mask is drawn from the default generator (so `torch.manual_seed` reproduces it), and
+only the scaled mask is kept for the backward pass. On GPUs PyTorch's fused dropout
+kernel is already fast and is used as is.
+
+`Dropout.add(residual, x)` computes `residual + dropout(x)`, the paper's
+"dropout to the output of each sub-layer, before it is added to the sub-layer input",
+in one pass instead of two.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _scaled_keep_mask(like: Tensor, p: float) -> Tensor:
+    """0 with probability p, else 1 / (1 - p); the dtype and shape of `like`."""
+    n = like.numel()
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=like.device)
+    words.random_(-(2**63), 2**63 - 1)
+    threshold = round(p * 65536) - 32768  # int16 values are uniform on [-32768, 32767]
+    keep = words.view(torch.int16)[:n].view(like.shape) >= threshold
+    return keep.to(like.dtype).mul_(1.0 / (1.0 - p))
+
+
+class _MaskedDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, p: float) -> Tensor:
+        mask = _scaled_keep_mask(x, p)
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
+
+
+class _MaskedDropoutAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, residual: Tensor, x: Tensor, p: float) -> Tensor:
+        mask = _scaled_keep_mask(x, p)
+        ctx.save_for_backward(mask)
+        ctx.residual_dtype = residual.dtype
+        if residual.dtype == x.dtype:
+            return torch.addcmul(residual, x, mask)
+        return residual + x * mask
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        (mask,) = ctx.saved_tensors
+        return grad.to(ctx.residual_dtype), (grad * mask).to(mask.dtype), None
+
+
+class Dropout(nn.Dropout):
+    """`nn.Dropout` with the cheaper CPU mask, plus `add` for dropout before a residual."""
+
+    def _fast(self, x: Tensor) -> bool:
+        return x.device.type == "cpu" and math.prod(x.shape) > 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self._fast(x):
+            out: Tensor = _MaskedDropout.apply(x, self.p)
+            return out
+        return F.dropout(x, self.p, True)
+
+    def add(self, residual: Tensor, x: Tensor) -> Tensor:
+        """residual + dropout(x)."""
+        if not self.training or self.p == 0.0:
+            return residual + x
+        if self._fast(x):
+            out: Tensor = _MaskedDropoutAdd.apply(residual, x, self.p)
+            return out
+        return residual + F.dropout(x, self.p, True)

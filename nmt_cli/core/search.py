@@ -1,0 +1,307 @@
+"""Greedy and batched beam search over the model's incremental-decoding interface only.
+
+Search sees the model through `source_mask`, `encode`, `new_cache`, `decode_step` and
+`DecoderCache.reorder`: it knows nothing of layers, so any model with that interface can
+be searched (a scripted stub in the tests, an ensemble later).
+
+Beam search is the paper's (section 6.1, as in tensor2tensor): a GNMT length penalty
+`lp(Y) = ((5 + |Y|) / 6) ** alpha`, where |Y| counts the output tokens including the
+end-of-sentence token, a maximum output length of `a * source length + b` tokens, finished
+hypotheses set aside, and a sentence's search stopped as soon as no open beam can beat
+them. The stopping bound is exact: log-probabilities only decrease as a hypothesis grows,
+so the best score an open beam with log-probability L can still reach is
+L / max(lp over the lengths it can still reach), the largest penalty, not the next one.
+
+A beam of width K holds the K best candidates of each step. A candidate that ends with
+EOS is set aside and its slot closes (the beam narrows, as in OpenNMT-py and Marian),
+so beam 1 is exactly greedy decoding, and a sentence is finished when it has `nbest`
+finished hypotheses that no open beam can beat, or no open beam is left.
+
+Speed: everything is batched over sentences x beams in one (N*K, V) step, the encoder
+runs once per batch, the first step runs on one row per sentence (all beams are equal
+then) and only then expands the cache to K rows, candidates come from one `topk` over
+the flattened (N, K*V) scores (no full-vocabulary sort), and finished sentences leave the
+batch so late steps only pay for the sentences still open.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # target subword ids, without BOS/EOS
+    score: float  # log-probability divided by the GNMT length penalty ((5+|Y|)/6)^alpha
+    log_prob: float  # total log-probability (including EOS)
+
+
+class Cache(Protocol):
+    def reorder(self, index: Tensor, cross: bool = True) -> None: ...
+
+
+class Searchable(Protocol):
+    """What search needs of a model (the Transformer has it; tests use scripted stubs)."""
+
+    def source_mask(self, src: Tensor) -> Tensor: ...
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
+
+    def new_cache(self) -> Any: ...
+
+    def decode_step(
+        self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any
+    ) -> tuple[Tensor, Any]: ...
+
+
+def length_penalty_value(length: int | float, alpha: float) -> float:
+    """GNMT: lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| including the end-of-sentence token."""
+    return float(((5.0 + length) / 6.0) ** alpha)
+
+
+def max_output_lengths(
+    src: Tensor, max_len_a: float, max_len_b: int, max_positions: int | None
+) -> Tensor:
+    """Per sentence, the most output tokens before EOS is forced: a * |source| + b.
+
+    |source| counts real tokens without the trailing EOS. The decoder cannot go past its
+    positions, so the EOS itself must still fit: at most max_positions - 1 tokens before it.
+    """
+    src_len = (src != PAD_ID).sum(1) - 1
+    limit = torch.floor(src_len.double() * max_len_a + max_len_b).long().clamp(min=0)
+    if max_positions is not None:
+        limit = limit.clamp(max=max_positions - 1)
+    return limit
+
+
+def _max_positions(model: Any) -> int | None:
+    cfg = getattr(model, "cfg", None)
+    value = getattr(cfg, "max_positions", None)
+    return int(value) if value is not None else None
+
+
+def _mask_specials(lprobs: Tensor) -> None:
+    """Padding and BOS are never generated."""
+    lprobs[:, PAD_ID] = -math.inf
+    lprobs[:, BOS_ID] = -math.inf
+
+
+def _force_eos(lprobs: Tensor, rows: Tensor) -> None:
+    """Rows that reached their maximum length may only end: everything but EOS is -inf."""
+    eos = lprobs[rows, EOS_ID]
+    lprobs[rows] = -math.inf
+    lprobs[rows, EOS_ID] = eos
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: Searchable,
+    src: Tensor,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    length_penalty: float = 0.6,
+) -> list[list[Hypothesis]]:
+    """Argmax decoding: the same output as beam_search with beam_size=1, written on its
+    own (one row per sentence, no candidate bookkeeping) because it is the cheapest search
+    and training uses it for validation BLEU. `length_penalty` only affects the scores."""
+    n = src.size(0)
+    device = src.device
+    alpha = length_penalty
+    src_mask = model.source_mask(src)
+    memory = model.encode(src, src_mask)
+    cache = model.new_cache()
+    limit = max_output_lengths(src, max_len_a, max_len_b, _max_positions(model))
+    alive = torch.arange(n, device=device)  # original sentence of each row
+    tokens = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
+    log_prob = torch.zeros(n, dtype=torch.float32, device=device)
+    history = tokens.new_empty((n, 0))
+    results: list[list[Hypothesis]] = [[] for _ in range(n)]
+    step = 0
+    while alive.numel():
+        lprobs, _ = model.decode_step(tokens, memory, src_mask, cache)
+        _mask_specials(lprobs)
+        at_limit = limit[alive] <= step
+        if bool(at_limit.any()):
+            _force_eos(lprobs, at_limit.nonzero().squeeze(1))
+        best_lp, tokens = lprobs.max(dim=-1)
+        if bool(at_limit.any()):  # even if the model gives EOS no probability at all
+            tokens = tokens.masked_fill(at_limit, EOS_ID)
+        log_prob = log_prob + best_lp
+        ended = tokens == EOS_ID
+        if bool(ended.any()):
+            lp = length_penalty_value(step + 1, alpha)
+            ended_rows = ended.nonzero().squeeze(1)
+            ids_list = history.index_select(0, ended_rows).tolist()
+            sents = alive[ended_rows].tolist()
+            logps = log_prob[ended_rows].tolist()
+            for sent, ids, logp in zip(sents, ids_list, logps, strict=True):
+                results[sent] = [Hypothesis(ids, logp / lp, logp)]
+            keep = (~ended).nonzero().squeeze(1)
+            cache.reorder(keep, cross=True)
+            src_mask = src_mask.index_select(0, keep)
+            alive, tokens, log_prob = alive[keep], tokens[keep], log_prob[keep]
+            history = history.index_select(0, keep)
+        history = torch.cat([history, tokens[:, None]], dim=1)
+        step += 1
+    return results
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Searchable,
+    src: Tensor,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
+    """Decode a batch: src (B, S) right-padded with 0, each row ids + [EOS].
+
+    Returns, per sentence, its `nbest` best finished hypotheses, best first (fewer only if
+    the beam closed before finding that many).
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam size must be at least 1, got {beam_size}")
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be between 1 and the beam size {beam_size}, got {nbest}")
+    return _BeamSearch(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest).run()
+
+
+class _BeamSearch:
+    """The state of one batched beam search; rows are (sentence, beam) pairs, N*K of them."""
+
+    def __init__(
+        self,
+        model: Searchable,
+        src: Tensor,
+        beam: int,
+        alpha: float,
+        max_len_a: float,
+        max_len_b: int,
+        nbest: int,
+    ) -> None:
+        self.model, self.src, self.k, self.alpha, self.nbest = model, src, beam, alpha, nbest
+        self.limit = max_output_lengths(src, max_len_a, max_len_b, _max_positions(model))
+        # Largest penalty a hypothesis of each sentence can reach (EOS at the length limit).
+        self.lp_at_limit = ((5.0 + self.limit.double() + 1.0) / 6.0) ** alpha
+        n = src.size(0)
+        self.finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+        # Score of each sentence's nbest-th finished hypothesis; -inf until it has nbest.
+        self.kth_best = torch.full((n,), -math.inf, dtype=torch.float64, device=src.device)
+        self.results: list[list[Hypothesis]] = [[] for _ in range(n)]
+
+    def run(self) -> list[list[Hypothesis]]:
+        model, src, k = self.model, self.src, self.k
+        n, device = src.size(0), src.device
+        src_mask = model.source_mask(src)
+        memory = model.encode(src, src_mask)
+        cache = model.new_cache()
+
+        # Step 0: one row per sentence, since every beam starts from the same BOS.
+        bos = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
+        lprobs, _ = model.decode_step(bos, memory, src_mask, cache)
+        _mask_specials(lprobs)
+        zero_limit = self.limit <= 0
+        if bool(zero_limit.any()):
+            _force_eos(lprobs, zero_limit.nonzero().squeeze(1))
+        width = min(k, lprobs.size(1))
+        top_lp, top_tok = lprobs.topk(width, dim=1)  # (N, width)
+        if width < k:
+            pad = k - width
+            top_lp = torch.cat([top_lp, top_lp.new_full((n, pad), -math.inf)], 1)
+            top_tok = torch.cat([top_tok, top_tok.new_full((n, pad), EOS_ID)], 1)
+        expand = torch.arange(n, device=device).repeat_interleave(k)
+        cache.reorder(expand, cross=True)
+        src_mask = src_mask.index_select(0, expand)
+        sent_ids = torch.arange(n, device=device)  # original sentence of each active one
+        history = top_tok.new_empty((n * k, 0))
+        cum, history = self._settle(top_lp, top_tok, history, None, sent_ids, 0)
+        tokens = top_tok.reshape(-1)
+        step = 1
+        while True:
+            done = self._done(cum, sent_ids, step)
+            if bool(done.any()):
+                if bool(done.all()):
+                    break
+                keep = (~done).nonzero().squeeze(1)
+                rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)
+                cache.reorder(rows, cross=True)
+                src_mask = src_mask.index_select(0, rows)
+                sent_ids, cum = sent_ids[keep], cum[keep]
+                history, tokens = history[rows], tokens[rows]
+            n_act = sent_ids.numel()
+            lprobs, _ = model.decode_step(tokens, memory, src_mask, cache)
+            _mask_specials(lprobs)
+            at_limit = self.limit[sent_ids] <= step
+            if bool(at_limit.any()):
+                _force_eos(lprobs, at_limit.repeat_interleave(k).nonzero().squeeze(1))
+            vocab = lprobs.size(1)
+            scores = (cum.reshape(-1, 1) + lprobs).view(n_act, k * vocab)
+            top_lp, flat = scores.topk(k, dim=1)  # (N, K), best first
+            beam_idx = torch.div(flat, vocab, rounding_mode="floor")
+            top_tok = flat - beam_idx * vocab
+            origin = (torch.arange(n_act, device=device)[:, None] * k + beam_idx).reshape(-1)
+            cum, history = self._settle(top_lp, top_tok, history, origin, sent_ids, step)
+            # Beams reorder within their sentence: the cross-attention keys stay valid.
+            cache.reorder(origin, cross=False)
+            tokens = top_tok.reshape(-1)
+            step += 1
+        for sent, hyps in enumerate(self.finished):
+            hyps.sort(key=lambda h: h.score, reverse=True)
+            self.results[sent] = hyps[: self.nbest]
+        return self.results
+
+    def _settle(
+        self,
+        top_lp: Tensor,
+        top_tok: Tensor,
+        history: Tensor,
+        origin: Tensor | None,
+        sent_ids: Tensor,
+        step: int,
+    ) -> tuple[Tensor, Tensor]:
+        """Set aside candidates that end with EOS; return the open beams' log-probs (closed
+        slots -inf) and their token histories (reordered to the new beams)."""
+        if origin is not None:
+            history = history.index_select(0, origin)
+        ended = (top_tok == EOS_ID) & torch.isfinite(top_lp)
+        if bool(ended.any()):
+            lp = length_penalty_value(step + 1, self.alpha)
+            where = ended.nonzero()  # (F, 2): sentence row, beam slot
+            rows = where[:, 0] * self.k + where[:, 1]
+            ids_list = history.index_select(0, rows).tolist()
+            sents = sent_ids[where[:, 0]].tolist()
+            for sent, ids, logp in zip(sents, ids_list, top_lp[ended].tolist(), strict=True):
+                self._add(sent, Hypothesis(ids, logp / lp, logp))
+        cum = top_lp.masked_fill(top_tok == EOS_ID, -math.inf)
+        history = torch.cat([history, top_tok.reshape(-1, 1)], dim=1)
+        return cum, history
+
+    def _add(self, sent: int, hyp: Hypothesis) -> None:
+        hyps = self.finished[sent]
+        hyps.append(hyp)
+        if len(hyps) >= self.nbest:
+            hyps.sort(key=lambda h: h.score, reverse=True)
+            del hyps[self.nbest :]  # a hypothesis below the nbest-th can never come back
+            self.kth_best[sent] = hyps[-1].score
+
+    def _done(self, cum: Tensor, sent_ids: Tensor, step: int) -> Tensor:
+        """A sentence is done when no open beam can beat its nbest-th finished hypothesis.
+
+        An open beam's best reachable score is its log-prob over the largest penalty it
+        can still reach: at the next step or at the length limit, whichever is larger
+        (lp grows with length for alpha > 0, shrinks for alpha < 0).
+        """
+        best_open = cum.max(dim=1).values  # (N,) -inf when every slot is closed
+        lp_next = ((5.0 + step + 1.0) / 6.0) ** self.alpha
+        lp_max = self.lp_at_limit[sent_ids].clamp(min=lp_next)
+        bound = best_open / lp_max
+        return self.kth_best[sent_ids] >= bound

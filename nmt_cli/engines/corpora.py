@@ -1,0 +1,474 @@
+"""Where a corpus comes from: named presets, local text, local `datasets` data, the demo.
+
+Every source is resolved to a `Corpus`: a description for the manifest and, per split
+("train", "valid", "test"), an object whose `pairs()` streams (source, target) strings.
+The presets go through the real `datasets.load_dataset` code path; local Parquet/JSON
+files and `save_to_disk` directories go through the same library, which is how the tests
+prove that path offline.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from nmt_cli.engines.demo_corpus import DEMO_SPLITS, DEMO_VERSION, demo_corpus
+from nmt_cli.engines.text_files import LineDecoder, TextPairs, one_line
+from nmt_cli.errors import NmtError
+
+SPLITS = ("train", "valid", "test")
+_ROLE_WORDS = {"train": ("train",), "valid": ("valid", "validation", "val", "dev")}
+_ROLE_WORDS["test"] = ("test",)
+_DATA_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named corpus: where `datasets` finds it and the paper's settings for it."""
+
+    name: str
+    hf_path: str
+    hf_name: str
+    src: str
+    tgt: str
+    vocab_size: int
+    train_pairs: int
+    valid: str
+    test: str
+    note: str
+    character_coverage: float = 0.9999
+
+    def direction(self) -> str:
+        return f"{self.src}->{self.tgt}"
+
+
+_HELD_OUT = "valid newstest2013, test newstest2014 (full). "
+
+
+def _wmt14(src: str, tgt: str) -> Preset:
+    other = tgt if src == "en" else src
+    if other == "de":
+        return Preset(
+            f"wmt14-{src}-{tgt}", "wmt/wmt14", "de-en", src, tgt, 37_000, 4_508_785,
+            "3,000", "3,003",
+            _HELD_OUT + "Paper: shared BPE of about 37,000 tokens; 4.5M pairs",
+        )  # fmt: skip
+    return Preset(
+        f"wmt14-{src}-{tgt}", "wmt/wmt14", "fr-en", src, tgt, 32_000, 40_836_715,
+        "3,000", "3,003",
+        _HELD_OUT + "Paper: 32,000 word pieces, 36M pairs. The Hub has 40.8M: the default cleaning "
+        "(1-250 words a side, length ratio <= 1.5: Moses clean-corpus-n, as fairseq's WMT14 "
+        "en-fr script) drops the overlong and misaligned pairs to come near the paper's 36M; "
+        "--dedup also drops exact repeats",
+    )  # fmt: skip
+
+
+_PAIRS = (("en", "de"), ("de", "en"), ("en", "fr"), ("fr", "en"))
+PRESETS: dict[str, Preset] = {p.name: p for p in (_wmt14(a, b) for a, b in _PAIRS)}
+DEMO = "demo"
+DEMO_VOCAB_SIZE = 1000
+
+
+def preset_names() -> list[str]:
+    return [DEMO, *PRESETS]
+
+
+class SplitSource(Protocol):
+    """One split: `pairs()` streams it; `total` is its size when known in advance."""
+
+    @property
+    def total(self) -> int | None: ...
+
+    def describe(self) -> list[str]: ...
+
+    def pairs(self) -> Iterator[tuple[str, str]]: ...
+
+
+@dataclass(frozen=True)
+class Corpus:
+    kind: str  # "demo" | "preset" | "text" | "datasets"
+    src: str
+    tgt: str
+    splits: dict[str, SplitSource]
+    info: dict[str, Any]  # what the manifest records about the source
+    default_vocab_size: int = 8000
+    character_coverage: float = 1.0
+    decoder: LineDecoder | None = None  # counts replaced UTF-8 lines of text sources
+
+
+@dataclass(frozen=True)
+class SourceRequest:
+    """What the user named: a preset, a path (`--from`), or explicit files per split."""
+
+    preset: str = ""
+    source: str = ""
+    files: tuple[tuple[str, str, str], ...] = ()  # (split, source path, target path)
+    src: str = ""
+    tgt: str = ""
+    valid_split: str = ""
+    test_split: str = ""
+    cache_dir: str = ""
+    on_bad_utf8: str = "error"
+
+
+def resolve_corpus(req: SourceRequest) -> Corpus:
+    """Turn a request into a streamable corpus, or raise an NmtError saying what is wrong."""
+    chosen = [bool(req.preset), bool(req.source), bool(req.files)]
+    if sum(chosen) > 1:
+        raise NmtError("name one source: a preset, --from PATH, or explicit --train-src files")
+    if req.preset:
+        if req.preset == DEMO:
+            return _demo(req)
+        if req.preset in PRESETS:
+            return _preset(PRESETS[req.preset], req)
+        raise NmtError(
+            f"unknown corpus '{req.preset}'; valid presets: {', '.join(preset_names())} "
+            "(or pass --from DIR for local files)"
+        )
+    if not (req.source or req.files):
+        raise NmtError(
+            "nothing to prepare: name a preset (see nmt prepare --list), --from DIR, "
+            "or --train-src/--train-tgt with --valid-src/--valid-tgt"
+        )
+    if not (req.src and req.tgt):
+        raise NmtError("local data needs --src and --tgt language codes (e.g. --src en --tgt de)")
+    if req.src == req.tgt:
+        raise NmtError(f"--src and --tgt are both '{req.src}'; they must differ")
+    if req.files:
+        return _explicit_files(req)
+    return _local_path(Path(req.source), req)
+
+
+def _direction(req: SourceRequest, src: str, tgt: str, name: str) -> tuple[str, str]:
+    """A preset's direction, or the reverse one when --src/--tgt ask for it."""
+    want = (req.src or src, req.tgt or tgt)
+    if want in ((src, tgt), (tgt, src)):
+        return want
+    raise NmtError(
+        f"{name} translates {src}->{tgt} (or {tgt}->{src}); --src {want[0]} --tgt {want[1]} "
+        "does not match it"
+    )
+
+
+# --- the demo ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListPairs:
+    items: list[tuple[str, str]]
+    name: str
+
+    @property
+    def total(self) -> int | None:
+        return len(self.items)
+
+    def describe(self) -> list[str]:
+        return [self.name]
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        return iter(self.items)
+
+
+def _demo(req: SourceRequest) -> Corpus:
+    """The demo is one fixed corpus (seed 1); --seed only steers sampling, as elsewhere."""
+    src, tgt = _direction(req, "en", "de", DEMO)
+    corpus = demo_corpus(1)
+    flip = src != "en"
+    splits: dict[str, SplitSource] = {
+        name: ListPairs([(b, a) for a, b in pairs] if flip else pairs, f"demo:{name}")
+        for name, pairs in corpus.items()
+    }
+    info = {"kind": "demo", "version": DEMO_VERSION, "sizes": dict(DEMO_SPLITS)}
+    return Corpus("demo", src, tgt, splits, info, default_vocab_size=DEMO_VOCAB_SIZE)
+
+
+# --- datasets (Hub presets and local files) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetPairs:
+    """A `datasets.Dataset` split, streamed in batches from its memory-mapped Arrow table."""
+
+    dataset: Any
+    src: str
+    tgt: str
+    name: str
+
+    @property
+    def total(self) -> int | None:
+        return len(self.dataset)
+
+    def describe(self) -> list[str]:
+        return [self.name]
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        nested = "translation" in self.dataset.column_names
+        for batch in self.dataset.iter(batch_size=2048):
+            if nested:
+                for row in batch["translation"]:
+                    yield one_line(row[self.src]), one_line(row[self.tgt])
+            else:
+                for a, b in zip(batch[self.src], batch[self.tgt], strict=True):
+                    yield one_line(a), one_line(b)
+
+
+def _check_schema(dataset: Any, src: str, tgt: str, where: str) -> None:
+    columns = list(dataset.column_names)
+    if "translation" in columns:
+        feature = dataset.features["translation"]
+        keys = set(getattr(feature, "languages", None) or getattr(feature, "keys", lambda: [])())
+        if not keys and len(dataset):
+            keys = set(dataset[0]["translation"])
+        missing = [lang for lang in (src, tgt) if lang not in keys]
+        if missing:
+            raise NmtError(
+                f"{where}: the translation column has languages {', '.join(sorted(keys))}, "
+                f"not {', '.join(missing)}; check --src/--tgt"
+            )
+        return
+    if src in columns and tgt in columns:
+        return
+    raise NmtError(
+        f'{where}: expected the WMT14 schema {{"translation": {{"{src}": ..., "{tgt}": ...}}}} '
+        f"or columns '{src}' and '{tgt}'; found columns {', '.join(columns)}"
+    )
+
+
+def _dataset_corpus(
+    splits_in: dict[str, Any], src: str, tgt: str, info: dict[str, Any], where: str, **kw: Any
+) -> Corpus:
+    splits: dict[str, SplitSource] = {}
+    for name, dataset in splits_in.items():
+        _check_schema(dataset, src, tgt, f"{where} ({name})")
+        splits[name] = DatasetPairs(dataset, src, tgt, f"{where}:{name}")
+    _require_train_valid(splits, where)
+    return Corpus(str(info["kind"]), src, tgt, splits, info, **kw)
+
+
+def _hf_splits(dataset_dict: Any, test_split: str = "", valid_split: str = "") -> dict[str, Any]:
+    """Map a DatasetDict's split names (validation, dev, ...) onto train/valid/test."""
+    names = list(dataset_dict.keys())
+    out: dict[str, Any] = {}
+    for role, choice in (("train", ""), ("valid", valid_split), ("test", test_split)):
+        found = _pick(role, [n for n in names if _role_of(n) == role], choice, "split", "")
+        if found:
+            out[role] = dataset_dict[found]
+    return out
+
+
+def _preset(preset: Preset, req: SourceRequest) -> Corpus:
+    src, tgt = _direction(req, preset.src, preset.tgt, preset.name)
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(
+            preset.hf_path, preset.hf_name, cache_dir=req.cache_dir or None
+        )
+    except Exception as exc:  # network, Hub or cache failures all end the same way
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise NmtError(
+            f"could not load {preset.hf_path} ({preset.hf_name}) with datasets: {first}; "
+            "check the network, or point --cache-dir at a cache that holds it"
+        ) from None
+    info = {"kind": "preset", "name": preset.name, "dataset": preset.hf_path}
+    info["config"] = preset.hf_name
+    return _dataset_corpus(
+        _hf_splits(loaded),
+        src,
+        tgt,
+        info,
+        preset.name,
+        default_vocab_size=preset.vocab_size,
+        character_coverage=preset.character_coverage,
+    )
+
+
+def _local_datasets(path: Path, req: SourceRequest) -> Corpus | None:
+    """A save_to_disk directory, or Parquet/JSON files named by split; None if neither."""
+    import datasets
+
+    info: dict[str, Any] = {"kind": "datasets", "path": str(path.resolve())}
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except Exception as exc:
+            raise NmtError(f"{path}: not a readable saved dataset ({exc})") from None
+        if isinstance(loaded, datasets.Dataset):
+            raise NmtError(
+                f"{path}: a single saved Dataset; save a DatasetDict with train and "
+                "validation (and test) splits"
+            )
+        splits = _hf_splits(loaded, req.test_split, req.valid_split)
+        return _dataset_corpus(splits, req.src, req.tgt, info, str(path))
+    by_split: dict[str, list[str]] = {}
+    builder = ""
+    for f in sorted(path.iterdir()):
+        kind = _DATA_SUFFIXES.get(f.suffix)
+        stem = f.name.split(".")[0]
+        if kind and _role_of(stem):
+            if builder and kind != builder:
+                raise NmtError(f"{path}: mixes Parquet and JSON files; keep one format")
+            builder = kind
+            by_split.setdefault(stem, []).append(str(f))
+    if not by_split:
+        return None
+    chosen: dict[str, list[str]] = {}
+    for role, choice in (("train", ""), ("valid", req.valid_split), ("test", req.test_split)):
+        found = _pick(role, [s for s in by_split if _role_of(s) == role], choice, "split", "")
+        if found:
+            chosen[role] = by_split[found]
+    info["files"] = {role: [Path(f).name for f in files] for role, files in chosen.items()}
+    try:
+        loaded = datasets.load_dataset(builder, data_files=chosen, cache_dir=req.cache_dir or None)
+    except Exception as exc:
+        raise NmtError(f"{path}: datasets could not read the {builder} files ({exc})") from None
+    return _dataset_corpus(dict(loaded), req.src, req.tgt, info, str(path))
+
+
+# --- local parallel text -------------------------------------------------------------------
+
+
+def _role_of(stem: str) -> str:
+    """'train' for train*, 'valid' for valid*/val*/dev*, 'test' for test*; else ''."""
+    low = stem.lower()
+    for role, words in _ROLE_WORDS.items():
+        for word in words:
+            if low == word or re.match(rf"^{word}[\d._-]", low):
+                return role
+    return ""
+
+
+def _pick(role: str, candidates: list[str], choice: str, what: str, where: str) -> str:
+    """One candidate for a role: the user's choice, the plain name, or the only one."""
+    place = f" in {where}" if where else ""
+    if choice:
+        if choice in candidates:
+            return choice
+        raise NmtError(
+            f"no {role} {what} named '{choice}'{place} (have: {', '.join(candidates) or 'none'})"
+        )
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else ""
+    plain = [c for c in candidates if c.lower() in _ROLE_WORDS[role]]
+    if len(plain) == 1:
+        return plain[0]
+    option = "--test-split" if role == "test" else "--valid-split"
+    if role == "train":
+        raise NmtError(f"several train {what}s{place}: {', '.join(candidates)}; keep one")
+    raise NmtError(
+        f"several {role} {what}s{place}: {', '.join(sorted(candidates))}; choose one with {option}"
+    )
+
+
+def _text_stems(path: Path, lang: str) -> dict[str, Path]:
+    """{stem: file} for files named STEM.LANG or STEM.LANG.gz."""
+    out: dict[str, Path] = {}
+    for f in sorted(path.iterdir()):
+        name = f.name[:-3] if f.name.endswith(".gz") else f.name
+        stem, dot, suffix = name.rpartition(".")
+        if dot and suffix == lang and f.is_file():
+            out[stem] = f
+    return out
+
+
+def _local_path(path: Path, req: SourceRequest) -> Corpus:
+    if not path.exists():
+        raise NmtError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise NmtError(f"{path}: --from takes a directory; for single files use --train-src etc.")
+    local = _local_datasets(path, req)
+    if local is not None:
+        return local
+    src_files, tgt_files = _text_stems(path, req.src), _text_stems(path, req.tgt)
+    decoder = LineDecoder(req.on_bad_utf8)
+    splits: dict[str, SplitSource] = {}
+    files: dict[str, list[str]] = {}
+    for role, choice in (("train", ""), ("valid", req.valid_split), ("test", req.test_split)):
+        stems = sorted({s for s in (*src_files, *tgt_files) if _role_of(s) == role})
+        found = _pick(role, stems, choice, "file set", str(path))
+        if not found:
+            continue
+        for lang, table in ((req.src, src_files), (req.tgt, tgt_files)):
+            if found not in table:
+                other = src_files.get(found) or tgt_files.get(found)
+                raise NmtError(f"{path}: {other.name if other else found} has no {lang} partner")
+        splits[role] = TextPairs(src_files[found], tgt_files[found], decoder)
+        files[role] = [src_files[found].name, tgt_files[found].name]
+    if not splits:
+        raise NmtError(
+            f"{path}: no train/valid/test files for {req.src}-{req.tgt} (expected names like "
+            f"train.{req.src}.gz and train.{req.tgt}.gz, or Parquet/JSON files)"
+        )
+    _require_train_valid(splits, str(path))
+    info = {"kind": "text", "path": str(path.resolve()), "files": files}
+    return Corpus("text", req.src, req.tgt, splits, info, decoder=decoder)
+
+
+def _explicit_files(req: SourceRequest) -> Corpus:
+    decoder = LineDecoder(req.on_bad_utf8)
+    splits: dict[str, SplitSource] = {}
+    for split, src_path, tgt_path in req.files:
+        for p in (src_path, tgt_path):
+            if not Path(p).is_file():
+                raise NmtError(f"{p}: no such file")
+        splits[split] = TextPairs(Path(src_path), Path(tgt_path), decoder)
+    _require_train_valid(splits, "the command line")
+    files = {split: [str(Path(a).resolve()), str(Path(b).resolve())] for split, a, b in req.files}
+    info = {"kind": "text", "files": files}
+    return Corpus("text", req.src, req.tgt, splits, info, decoder=decoder)
+
+
+def _require_train_valid(splits: dict[str, SplitSource], where: str) -> None:
+    for needed in ("train", "valid"):
+        if needed not in splits:
+            hint = "valid, val or dev" if needed == "valid" else "train"
+            raise NmtError(f"{where}: no {needed} split found (name it {hint})")
+
+
+def seeded_sample(pairs: Iterable[tuple[str, str]], k: int, seed: int) -> Iterator[tuple[str, str]]:
+    """A uniform sample of k pairs in corpus order (reservoir sampling: one pass, k in memory)."""
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, tuple[str, str]]] = []
+    for i, pair in enumerate(pairs):
+        if i < k:
+            reservoir.append((i, pair))
+        else:
+            j = rng.randrange(i + 1)
+            if j < k:
+                reservoir[j] = (i, pair)
+    reservoir.sort(key=lambda item: item[0])
+    return (pair for _, pair in reservoir)
+
+
+def list_presets() -> list[dict[str, str]]:
+    """Rows for `nmt prepare --list`."""
+    rows = [
+        {
+            "name": DEMO,
+            "direction": "en->de",
+            "datasets": "(built in)",
+            "train": f"{DEMO_SPLITS['train']:,}",
+            "valid / test": f"{DEMO_SPLITS['valid']} / {DEMO_SPLITS['test']}",
+            "vocabulary": f"BPE {DEMO_VOCAB_SIZE:,}",
+            "note": "a generated English-like to German-like pair (also --src de --tgt en); "
+            "the quickstart corpus",
+        }
+    ]
+    for p in PRESETS.values():
+        rows.append(
+            {
+                "name": p.name,
+                "direction": p.direction(),
+                "datasets": f"{p.hf_path} {p.hf_name}",
+                "train": f"{p.train_pairs:,}",
+                "valid / test": f"{p.valid} / {p.test}",
+                "vocabulary": f"BPE {p.vocab_size:,}",
+                "note": p.note,
+            }
+        )
+    assert [r["name"] for r in rows] == preset_names()
+    return rows

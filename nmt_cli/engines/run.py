@@ -1,0 +1,223 @@
+"""`nmt run`: one recipe, every stage, in order, resumable after any interruption.
+
+prepare -> train -> average -> translate -> score. Each stage either finds its output
+complete and skips, or (re)does its work: prepare skips its finished stages, train resumes
+from the run's last checkpoint (its time budget counts across restarts), and average,
+translate and score write their outputs atomically, so a file that exists is complete.
+
+The test set is translated three times, so the table shows what averaging buys: with the
+averaged model (the paper's final model), the best checkpoint by dev loss, and the last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.config import RecipeConfig
+from nmt_cli.core.checkpoint import load_checkpoint
+from nmt_cli.core.files import atomic_write_text
+from nmt_cli.core.transformer import count_parameters
+from nmt_cli.data_dir import open_data_dir
+from nmt_cli.engines.average import average_checkpoints, select_last
+from nmt_cli.engines.prepare import Progress, prepare, prepare_from_data_config
+from nmt_cli.engines.score import ScoreSettings, score_lines
+from nmt_cli.engines.train import EventSink, TrainOptions, train
+from nmt_cli.engines.translate import translate_lines
+from nmt_cli.errors import NmtError
+
+STAGES = ("prepare", "train", "average", "translate", "score")
+RESULTS = "results.json"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    from_stage: str = "prepare"
+    until_stage: str = "score"
+    gpus: int = 0
+    procs: int = 1
+
+    def __post_init__(self) -> None:
+        for name in (self.from_stage, self.until_stage):
+            if name not in STAGES:
+                raise NmtError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+        if STAGES.index(self.from_stage) > STAGES.index(self.until_stage):
+            raise NmtError(f"--from {self.from_stage} comes after --until {self.until_stage}")
+
+    def runs(self, stage: str) -> bool:
+        return (
+            STAGES.index(self.from_stage) <= STAGES.index(stage) <= STAGES.index(self.until_stage)
+        )
+
+
+@dataclass(frozen=True)
+class StageNotice:
+    """What the run tells its caller as it moves from stage to stage."""
+
+    stage: str
+    status: str  # "start", "done"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SystemScore:
+    """One translated test set: which model produced it and how it scores."""
+
+    system: str  # "averaged (last N)", "best (dev loss)", "last"
+    checkpoint: str
+    bleu: float
+    bleu_signature: str
+    paper_bleu: float | None
+    paper_bleu_signature: str | None
+    chrf: float
+
+
+@dataclass
+class RunResult:
+    recipe: str
+    run_dir: str
+    src: str
+    tgt: str
+    steps: int = 0
+    train_seconds: float = 0.0
+    parameters: int = 0
+    systems: list[SystemScore] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """Callbacks for the caller's display; all optional."""
+
+    stage: Callable[[StageNotice], None] = lambda notice: None
+    prepare: Progress | None = None
+    train: EventSink | None = None
+
+
+def run_recipe(
+    recipe: RecipeConfig, options: RunOptions | None = None, hooks: RunHooks | None = None
+) -> RunResult:
+    options = options or RunOptions()
+    hooks = hooks or RunHooks()
+    run_dir = Path(recipe.train.run_dir)
+    result = RunResult(recipe.name, str(run_dir), recipe.data.src, recipe.data.tgt)
+
+    def stage(name: str, work: Callable[[], str]) -> None:
+        if not options.runs(name):
+            return
+        hooks.stage(StageNotice(name, "start"))
+        hooks.stage(StageNotice(name, "done", work()))
+
+    stage("prepare", lambda: _prepare(recipe, hooks))
+    stage("train", lambda: _train(recipe, options, hooks))
+    systems = _systems(recipe, run_dir)
+    stage("average", lambda: _average(recipe, run_dir))
+    stage("translate", lambda: _translate(recipe, run_dir, systems))
+    if options.runs("score"):
+        hooks.stage(StageNotice("score", "start"))
+        _score(recipe, run_dir, systems, result)
+        _training_facts(run_dir, result)
+        atomic_write_text(run_dir / RESULTS, json.dumps(result.to_dict(), indent=2) + "\n")
+        hooks.stage(StageNotice("score", "done", str(run_dir / RESULTS)))
+    return result
+
+
+def _prepare(recipe: RecipeConfig, hooks: RunHooks) -> str:
+    done = prepare(prepare_from_data_config(recipe.data), hooks.prepare)
+    return "up to date" if done.up_to_date else f"wrote {done.out}"
+
+
+def _train(recipe: RecipeConfig, options: RunOptions, hooks: RunHooks) -> str:
+    done = train(recipe, TrainOptions(gpus=options.gpus, procs=options.procs), hooks.train)
+    return f"{done.steps:,} steps, stopped by {done.stopped_by}"
+
+
+def _systems(recipe: RecipeConfig, run_dir: Path) -> dict[str, Path]:
+    """Label -> checkpoint of each system the test set is translated with."""
+    n = recipe.decode.average_last
+    ckpts = run_dir / "checkpoints"
+    return {
+        f"averaged (last {n})": run_dir / "average.pt",
+        "best (dev loss)": ckpts / "best.pt",
+        "last": ckpts / "last.pt",
+    }
+
+
+def _hyp_path(run_dir: Path, label: str) -> Path:
+    return run_dir / f"test.{label.split()[0]}.hyp"
+
+
+def _up_to_date(output: Path, inputs: list[Path]) -> bool:
+    """An output is current when it exists and is newer than everything it was made from
+    (outputs are written atomically, so one that exists is complete)."""
+    return output.is_file() and all(
+        output.stat().st_mtime >= p.stat().st_mtime for p in inputs if p.is_file()
+    )
+
+
+def _average(recipe: RecipeConfig, run_dir: Path) -> str:
+    out = run_dir / "average.pt"
+    inputs = select_last(run_dir, recipe.decode.average_last)
+    if _up_to_date(out, inputs):
+        return "up to date"
+    done = average_checkpoints(inputs, out)
+    return f"averaged steps {', '.join(map(str, done.steps))} into {out}"
+
+
+def _translate(recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path]) -> str:
+    data = open_data_dir(recipe.data.dir)
+    source = data.raw_text("test", "src")
+    if not source.is_file():
+        raise NmtError(f"{data.root}: no raw test text ({source.name}); rerun nmt prepare")
+    lines = source.read_text(encoding="utf-8").splitlines()
+    wrote = []
+    for label, ckpt_path in systems.items():
+        out = _hyp_path(run_dir, label)
+        if not ckpt_path.is_file() or _up_to_date(out, [ckpt_path]):
+            continue
+        hyps = translate_lines(load_checkpoint(ckpt_path), lines, recipe.decode)
+        atomic_write_text(out, "".join(h + "\n" for h in hyps))
+        wrote.append(out.name)
+    return f"{len(lines):,} sentences -> {', '.join(wrote) or 'up to date'}"
+
+
+def _score(
+    recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path], result: RunResult
+) -> None:
+    data = open_data_dir(recipe.data.dir)
+    refs = data.raw_text("test", "tgt").read_text(encoding="utf-8").splitlines()
+    settings = ScoreSettings(paper=recipe.score.paper_bleu, lang=data.tgt_lang)
+    for label, ckpt_path in systems.items():
+        hyp_path = _hyp_path(run_dir, label)
+        if not hyp_path.is_file():
+            continue
+        hyps = hyp_path.read_text(encoding="utf-8").splitlines()
+        scores = score_lines(hyps, [refs], settings, names=[str(hyp_path), "reference"])
+        paper = scores.paper_bleu
+        result.systems.append(
+            SystemScore(
+                system=label,
+                checkpoint=str(ckpt_path),
+                bleu=scores.bleu.score,
+                bleu_signature=scores.bleu.signature,
+                paper_bleu=paper.score if paper else None,
+                paper_bleu_signature=paper.signature if paper else None,
+                chrf=scores.get("chrF2").score,
+            )
+        )
+    if not result.systems:
+        raise NmtError(f"{run_dir}: no translations to score; run the translate stage first")
+
+
+def _training_facts(run_dir: Path, result: RunResult) -> None:
+    last = run_dir / "checkpoints" / "last.pt"
+    if last.is_file():
+        ckpt = load_checkpoint(last)
+        result.steps = ckpt.step
+        result.train_seconds = float((ckpt.train_state or {}).get("elapsed_s", 0.0))
+        result.parameters = count_parameters(ckpt.build_model())

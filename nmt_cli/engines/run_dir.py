@@ -1,0 +1,182 @@
+"""The run directory that `nmt train` writes, and the lock that keeps it to one trainer.
+
+    config.json                   the resolved recipe this run was started (or resumed) with
+    spm.model                     the vocabulary (spm.src.model + spm.tgt.model when separate)
+    checkpoints/step_XXXXXXXX.pt  inference checkpoints; the last `keep_last` are kept for
+                                  averaging (the paper averages the last 5 or 20)
+    checkpoints/last.pt           the training state: weights, optimizer, schedule, data
+                                  position; what a rerun resumes from
+    checkpoints/best.pt           the checkpoint with the lowest dev loss so far
+    metrics.jsonl                 one JSON object per log interval and per validation
+    train.lock                    pid and host of the live trainer
+
+Every file is written atomically (temporary file, then rename), so a kill at any moment
+leaves each file either as it was or complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.core.files import atomic_path, atomic_write_bytes, atomic_write_text
+from nmt_cli.core.vocab import VocabPair
+from nmt_cli.errors import NmtError
+
+_STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")
+
+
+class RunDirLocked(NmtError):
+    """Another live `nmt train` is using the run directory."""
+
+
+class RunDir:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.checkpoints = self.root / "checkpoints"
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoints / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / "best.pt"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / "train.lock"
+
+    def step_path(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step:08d}.pt"
+
+    def step_checkpoints(self) -> list[Path]:
+        """Step checkpoints, oldest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        found = [
+            (int(m.group(1)), p)
+            for p in self.checkpoints.iterdir()
+            if (m := _STEP_FILE.match(p.name))
+        ]
+        return [p for _, p in sorted(found)]
+
+    def rotate(self, keep_last: int) -> list[Path]:
+        """Delete all but the newest `keep_last` step checkpoints; return what was deleted."""
+        old = self.step_checkpoints()[:-keep_last]
+        for path in old:
+            path.unlink(missing_ok=True)
+        return old
+
+    def copy_to_best(self, source: Path) -> None:
+        with atomic_path(self.best) as tmp:
+            shutil.copyfile(source, tmp)
+
+    def write_config(self, recipe: dict[str, Any]) -> None:
+        atomic_write_text(self.root / "config.json", json.dumps(recipe, indent=2) + "\n")
+
+    def write_vocab(self, vocab: VocabPair) -> None:
+        if vocab.joint:
+            atomic_write_bytes(self.root / "spm.model", vocab.src.model_proto)
+        else:
+            atomic_write_bytes(self.root / "spm.src.model", vocab.src.model_proto)
+            atomic_write_bytes(self.root / "spm.tgt.model", vocab.tgt.model_proto)
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        """One line, written with a single append so a kill never interleaves records."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        line = (json.dumps(record) + "\n").encode("utf-8")
+        fd = os.open(self.metrics, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """On resume, drop records logged after the checkpoint (their work is redone) and
+        any partial last line a kill left behind."""
+        if not self.metrics.is_file():
+            return
+        kept: list[str] = []
+        for line in self.metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if int(record.get("step", 0)) <= after_step:
+                kept.append(line)
+        atomic_write_text(self.metrics, "".join(f"{line}\n" for line in kept))
+
+    # -- lock -----------------------------------------------------------------------------
+
+    def acquire_lock(self) -> None:
+        """Create the lock file with our pid; take over a lock whose process is gone."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        host = socket.gethostname()
+        for _ in range(50):
+            try:
+                fd = os.open(self.lock_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                owner = self._lock_owner()
+                if owner is None and _age_seconds(self.lock_file) < 10:
+                    time.sleep(0.1)  # just created by a process that is writing its pid
+                    continue
+                if owner is not None and owner != (os.getpid(), host):
+                    pid, owner_host = owner
+                    if owner_host != host or _alive(pid):
+                        raise RunDirLocked(
+                            f"{self.root} is in use by another nmt train (pid {pid} on "
+                            f"{owner_host}); stop it, or train into another --run-dir. If that "
+                            f"process is gone, delete {self.lock_file}"
+                        ) from None
+                with contextlib.suppress(FileNotFoundError):
+                    self.lock_file.unlink()  # stale: its process is dead
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(f"{os.getpid()} {host}\n")
+            return
+        raise RunDirLocked(f"{self.lock_file}: could not take the lock; try again")
+
+    def release_lock(self) -> None:
+        if self._lock_owner() == (os.getpid(), socket.gethostname()):
+            self.lock_file.unlink(missing_ok=True)
+
+    def _lock_owner(self) -> tuple[int, str] | None:
+        try:
+            pid_text, _, host = self.lock_file.read_text().strip().partition(" ")
+            return int(pid_text), host
+        except (OSError, ValueError):
+            return None
+
+
+def _age_seconds(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (dead, not yet reaped) still answers kill(0); treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True

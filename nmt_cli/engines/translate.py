@@ -1,0 +1,390 @@
+"""`nmt translate`: raw text in, detokenized translations out, one line per line.
+
+Lines arrive in chunks from a read-ahead buffer (`read_chunks`): a chunk is whatever is
+available, up to `buffer_lines`, so an interactive user is answered at once and a file of
+a million lines is translated in bounded memory. Within a chunk, sentences are sorted by
+length into batches (little padding), decoded with batched beam search, and put back in
+input order. Empty lines give empty lines without touching the model; inputs longer than
+the model's positions are truncated and counted, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+from torch import Tensor
+
+from nmt_cli.config import DecodeConfig
+from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
+from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.vocab import EOS_ID, PAD_ID, VocabPair
+from nmt_cli.errors import NmtError
+
+LENGTH_PENALTY_HELP = (
+    "GNMT length penalty: score(Y) = log P(Y|X) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, "
+    "|Y| counting the end-of-sentence token"
+)
+
+
+@dataclass(frozen=True)
+class TranslatedHypothesis:
+    text: str
+    score: float  # log-probability / length penalty
+    log_prob: float
+    length: int  # subword tokens, without EOS
+
+
+@dataclass(frozen=True)
+class Translation:
+    source: str
+    hypotheses: list[TranslatedHypothesis]  # best first; empty for an empty line
+    truncated: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.hypotheses[0].text if self.hypotheses else ""
+
+
+@dataclass
+class TranslateStats:
+    lines: int = 0
+    sentences: int = 0  # non-empty lines sent to the model
+    target_tokens: int = 0  # of the best hypotheses
+    truncated: int = 0
+    truncated_lines: list[int] = field(default_factory=list)  # first few, 1-based
+    decode_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def sentences_per_second(self) -> float:
+        return self.lines / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.target_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise NmtError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NmtError(f"--device {name}: no CUDA device is available; use --device cpu")
+    return device
+
+
+def cpu_supports_bf16() -> bool:
+    """bf16 matrix products are fast only with AVX512-BF16 or AMX (oneDNN knows)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 where the hardware runs it fast (AMX/AVX512-BF16 CPUs, Ampere+ GPUs)."""
+    if precision == "fp32":
+        return torch.float32
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "fp16":
+        if device.type != "cuda":
+            raise NmtError("--precision fp16 needs a CUDA device; on a CPU use bf16 or fp32")
+        return torch.float16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class Translator:
+    """A model and its vocabularies, ready to translate chunks of raw lines."""
+
+    def __init__(
+        self, model: Transformer, vocab: VocabPair, cfg: DecodeConfig, workers: int = 1
+    ) -> None:
+        self.model, self.vocab, self.cfg = model, vocab, cfg
+        self.max_source = model.cfg.max_positions - 1  # room for the source's EOS
+        self.device = next(model.parameters()).device
+        self.workers = workers if self.device.type == "cpu" else 1
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, cfg: DecodeConfig, workers: int = 1) -> Translator:
+        """Build the model on the configured device and cast it to the configured precision
+        (log-softmax stays in float32 inside the model)."""
+        device = resolve_device(cfg.device)
+        dtype = resolve_dtype(cfg.precision, device)
+        model = ckpt.build_model().to(device=device, dtype=dtype)
+        return cls(model, ckpt.vocab, cfg, workers)
+
+    @classmethod
+    def load(cls, path: str | Path, cfg: DecodeConfig, workers: int = 1) -> Translator:
+        return cls.from_checkpoint(load_checkpoint(path), cfg, workers)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def translate(self, lines: Sequence[str]) -> list[Translation]:
+        """Translate `lines`, keeping their order."""
+        ids = self.vocab.src.encode(list(lines)) if lines else []
+        truncated = [len(x) > self.max_source for x in ids]
+        ids = [x[: self.max_source] for x in ids]
+        hyps: list[list[Hypothesis]] = [[] for _ in lines]
+        order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
+        batches = list(self._batches(order, ids))
+
+        def decode(batch: list[int]) -> list[list[Hypothesis]]:
+            return self._search(self._tensor([ids[i] for i in batch]))
+
+        if self.workers > 1 and len(batches) > 1:
+            # Batches decoded side by side, one thread each: on small CPUs this beats
+            # spreading every small matrix product over all cores (see set_threads).
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="nmt-decode") as pool:
+                decoded = list(pool.map(decode, batches))
+        else:
+            decoded = [decode(batch) for batch in batches]
+        for batch, results in zip(batches, decoded, strict=True):
+            for i, result in zip(batch, results, strict=True):
+                hyps[i] = result
+        return [
+            Translation(
+                source=line,
+                hypotheses=[self._detok(h) for h in hyps[i]],
+                truncated=truncated[i],
+            )
+            for i, line in enumerate(lines)
+        ]
+
+    def _batches(self, order: list[int], ids: list[list[int]]) -> Iterator[list[int]]:
+        """Consecutive runs of the length-sorted sentences, capped in sentences and, when
+        batch_tokens is set, in padded source tokens."""
+        cfg = self.cfg
+        batch: list[int] = []
+        longest = 0
+        for i in order:
+            length = len(ids[i]) + 1
+            width = max(longest, length)
+            too_many = len(batch) >= cfg.batch_sentences
+            too_big = cfg.batch_tokens > 0 and width * (len(batch) + 1) > cfg.batch_tokens
+            if batch and (too_many or too_big):
+                yield batch
+                batch, width = [], length
+            batch.append(i)
+            longest = width
+        if batch:
+            yield batch
+
+    def _tensor(self, rows: list[list[int]]) -> Tensor:
+        width = max(len(r) for r in rows) + 1
+        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
+        for n, r in enumerate(rows):
+            src[n, : len(r)] = torch.tensor(r, dtype=torch.long)
+            src[n, len(r)] = EOS_ID
+        return src.to(self.device)
+
+    def _search(self, src: Tensor) -> list[list[Hypothesis]]:
+        cfg = self.cfg
+        if cfg.beam_size == 1:
+            return greedy_search(self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty)
+        return beam_search(
+            self.model,
+            src,
+            beam_size=cfg.beam_size,
+            length_penalty=cfg.length_penalty,
+            max_len_a=cfg.max_len_a,
+            max_len_b=cfg.max_len_b,
+            nbest=cfg.nbest,
+        )
+
+    def _detok(self, hyp: Hypothesis) -> TranslatedHypothesis:
+        text = self.vocab.tgt.decode(hyp.tokens)
+        # One output line per input line, whatever the vocabulary can produce.
+        text = " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
+        return TranslatedHypothesis(text, hyp.score, hyp.log_prob, len(hyp.tokens))
+
+
+def translate_lines(
+    model: Transformer | Checkpoint,
+    lines: Iterable[str],
+    cfg: DecodeConfig | None = None,
+    vocab: VocabPair | None = None,
+) -> list[str]:
+    """Best translations of `lines`, detokenized, in input order.
+
+    With a Checkpoint, the model is built as `nmt translate` builds it (device, precision).
+    With a live model (validation BLEU during training) it is used as it is, on its own
+    device and dtype, in eval mode for the call and restored afterwards.
+    """
+    cfg = cfg or DecodeConfig()
+    if isinstance(model, Checkpoint):
+        translator = Translator.from_checkpoint(model, cfg)
+        was_training = False
+    else:
+        if vocab is None:
+            raise ValueError("translate_lines needs the VocabPair with a bare model")
+        translator = Translator(model, vocab, cfg)
+        was_training = model.training
+        model.eval()
+    out: list[str] = []
+    try:
+        chunk: list[str] = []
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) >= cfg.buffer_lines:
+                out.extend(t.text for t in translator.translate(chunk))
+                chunk = []
+        if chunk:
+            out.extend(t.text for t in translator.translate(chunk))
+    finally:
+        if was_training and not isinstance(model, Checkpoint):
+            model.train()
+    return out
+
+
+def decode_line(raw: bytes) -> str:
+    """Bytes of one input line -> text; invalid UTF-8 becomes U+FFFD, never an error."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    return raw.decode("utf-8", errors="replace")
+
+
+def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Iterator[list[str]]:
+    """Chunks of lines as they become available, at most `max_lines` each.
+
+    A reader thread feeds a bounded queue. A chunk starts with the next line (waiting for
+    it as long as needed), then takes what else arrives within `wait_s`, then whatever is
+    already queued: a person typing gets each line translated at once, a file or a fast
+    pipe fills whole chunks, and at most about two chunks of text are ever held.
+    """
+    lines: queue.Queue[bytes | None] = queue.Queue(maxsize=max_lines)
+    failure: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            for raw in iter(stream.readline, b""):
+                lines.put(raw)
+        except BaseException as exc:  # reported by the consumer, not lost in the thread
+            failure.append(exc)
+        finally:
+            lines.put(None)
+
+    threading.Thread(target=reader, name="nmt-read-ahead", daemon=True).start()
+    ended = False
+    while not ended:
+        item = lines.get()
+        if item is None:
+            break
+        chunk = [decode_line(item)]
+        deadline = time.monotonic() + wait_s
+        while len(chunk) < max_lines:
+            left = deadline - time.monotonic()
+            try:
+                item = lines.get(timeout=left) if left > 0 else lines.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                ended = True
+                break
+            chunk.append(decode_line(item))
+        yield chunk
+    if failure:
+        raise NmtError(f"reading the input failed: {failure[0]}")
+
+
+def translate_stream(
+    translator: Translator,
+    chunks: Iterable[list[str]],
+    emit: Callable[[list[Translation], int, float], None],
+) -> TranslateStats:
+    """Translate chunk after chunk; `emit(translations, first_line, seconds)` writes each
+    chunk's results (in input order) before the next chunk is read."""
+    stats = TranslateStats()
+    start = time.perf_counter()
+    for chunk in chunks:
+        t0 = time.perf_counter()
+        results = translator.translate(chunk)
+        seconds = time.perf_counter() - t0
+        stats.decode_seconds += seconds
+        for n, result in enumerate(results, start=stats.lines + 1):
+            if result.truncated:
+                stats.truncated += 1
+                if len(stats.truncated_lines) < 5:
+                    stats.truncated_lines.append(n)
+            if result.hypotheses:
+                stats.sentences += 1
+                stats.target_tokens += result.hypotheses[0].length
+        emit(results, stats.lines + 1, seconds)
+        stats.lines += len(chunk)
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def format_translations(
+    results: list[Translation], first_line: int, seconds: float, nbest: int, as_json: bool
+) -> bytes:
+    """The output of one chunk.
+
+    Plain: one line per input line (the best translation). With nbest > 1, Moses n-best
+    lines `N ||| text ||| score ||| log_prob` (N the 0-based input line), nbest per input.
+    JSON: one object per input line with the source, the hypotheses and their scores, and
+    the decoding time of the chunk the line was translated in.
+    """
+    out: list[str] = []
+    for n, result in enumerate(results, start=first_line):
+        if as_json:
+            record = {
+                "line": n,
+                "source": result.source,
+                "hypotheses": [
+                    {"text": h.text, "score": h.score, "log_prob": h.log_prob, "tokens": h.length}
+                    for h in result.hypotheses
+                ],
+                "truncated": result.truncated,
+                "timing": {"chunk_lines": len(results), "chunk_seconds": round(seconds, 6)},
+            }
+            out.append(json.dumps(record, ensure_ascii=False))
+        elif nbest > 1:
+            hyps = result.hypotheses or [TranslatedHypothesis("", 0.0, 0.0, 0)]
+            out.extend(f"{n - 1} ||| {h.text} ||| {h.score:.6f} ||| {h.log_prob:.6f}" for h in hyps)
+        else:
+            out.append(result.text)
+    text = "".join(line + "\n" for line in out)
+    return text.encode("utf-8", errors="replace")
+
+
+def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
+    """Spend `threads` CPU threads (0 = every core this process may run on) on `workers`
+    batches decoded side by side (0 = one per thread); returns (threads, workers).
+
+    Beam search runs many small matrix products, and on small or shared CPUs splitting
+    each of them over several cores costs more in synchronisation than it gains (2 threads
+    on one batch were several times slower than 1 on the 2-core benchmark machine), so by
+    default every thread decodes its own batch with single-threaded operations.
+    """
+    n = threads if threads > 0 else available_cores()
+    w = max(1, min(workers or n, n))
+    torch.set_num_threads(max(1, n // w))
+    return n, w

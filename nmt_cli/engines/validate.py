@@ -1,0 +1,127 @@
+"""Dev-set figures at each checkpoint: loss and perplexity, optionally greedy BLEU.
+
+The dev loss is the plain per-token NLL (perplexity = exp of it), comparable with the
+paper's Table 3 perplexities, plus the label-smoothed loss the optimiser sees. BLEU on
+the first M dev sentences with greedy decoding is a cheap signal that translation
+improves; the final figure comes from beam search on the averaged model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from nmt_cli.core.batching import Batch, collate, length_grouped_batches
+from nmt_cli.core.data import TokenStore
+from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.vocab import EOS_ID, PAD_ID, Vocab
+from nmt_cli.engines.train_step import autocast
+
+
+@dataclass(frozen=True)
+class DevFigures:
+    loss: float  # label-smoothed, per target token
+    nll: float  # per target token
+    bleu: float | None
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(min(self.nll, 100.0))
+
+
+class DevSet:
+    """The dev split, collated once (dev sets are small) in a fixed length order."""
+
+    def __init__(self, src: TokenStore, tgt: TokenStore, max_tokens: int) -> None:
+        self.src, self.tgt = src, tgt
+        order = length_grouped_batches(
+            src.lengths, tgt.lengths, max_tokens, seed=0, epoch=0, shuffle=False
+        )
+        self.batches: list[Batch] = [collate(src, tgt, idx) for idx in order]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@torch.no_grad()
+def dev_loss(
+    model: nn.Module,
+    dev: DevSet,
+    label_smoothing: float,
+    precision: str,
+    device: torch.device,
+) -> tuple[float, float]:
+    """(smoothed loss, nll) per target token over the whole dev set."""
+    from nmt_cli.core.losses import label_smoothed_sums
+
+    was_training = model.training
+    model.eval()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    nll_sum = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = 0
+    try:
+        for batch in dev.batches:
+            b = batch.to(device)
+            with autocast(precision, device):
+                logits = model(b.src, b.tgt_in)
+                loss, nll = label_smoothed_sums(logits, b.tgt_out, label_smoothing, PAD_ID)
+            loss_sum += loss.double()
+            nll_sum += nll.double()
+            tokens += b.tgt_tokens
+    finally:
+        model.train(was_training)
+    total = max(tokens, 1)
+    return float(loss_sum) / total, float(nll_sum) / total
+
+
+@torch.no_grad()
+def greedy_bleu(
+    model: Transformer,
+    dev: DevSet,
+    vocab: Vocab,
+    sentences: int,
+    references: Path | None,
+    max_len_a: float,
+    max_len_b: int,
+    precision: str,
+    device: torch.device,
+    batch_size: int = 64,
+) -> float:
+    """sacreBLEU of greedy translations of the first `sentences` dev sentences.
+
+    References are the raw dev text when the data directory has it (true detokenized
+    BLEU), otherwise the decoded dev target ids.
+    """
+    import sacrebleu
+
+    from nmt_cli.core.search import greedy_search
+
+    n = min(sentences, len(dev))
+    if references is not None and references.is_file():
+        with open(references, encoding="utf-8") as fh:
+            refs = [line.rstrip("\n") for _, line in zip(range(n), fh, strict=False)]
+    else:
+        refs = [vocab.decode(dev.tgt[i].tolist()) for i in range(n)]
+    was_training = model.training
+    model.eval()
+    hyps: list[str] = []
+    try:
+        for lo in range(0, n, batch_size):
+            rows = [dev.src[i] for i in range(lo, min(n, lo + batch_size))]
+            width = max(len(r) for r in rows) + 1
+            arr = np.full((len(rows), width), PAD_ID, dtype=np.int64)
+            for j, r in enumerate(rows):
+                arr[j, : len(r)] = r
+                arr[j, len(r)] = EOS_ID
+            src = torch.from_numpy(arr).to(device)
+            with autocast(precision, device):
+                results = greedy_search(model, src, max_len_a, max_len_b)
+            hyps.extend(vocab.decode(r[0].tokens) for r in results)
+    finally:
+        model.train(was_training)
+    return float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)

@@ -1,0 +1,97 @@
+"""`nmt run`: the whole chain on a tiny slice of the demo corpus, and its resumption."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt_cli.cli import app
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+runner = CliRunner()
+
+
+def _args(tmp_path: Path, *extra: str) -> list[str]:
+    settings = [
+        f"data.dir={tmp_path / 'data'}",
+        f"train.run_dir={tmp_path / 'run'}",
+        "data.max_pairs=400",
+        "data.vocab_size=120",
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+        "model.d_model=32",
+        "model.d_ff=64",
+        "model.n_heads=2",
+        "train.batch_tokens=600",
+        "train.max_steps=4",
+        "train.save_interval_steps=2",
+        "train.max_time_minutes=0",
+        "train.precision='fp32'",
+        "decode.average_last=2",
+        "decode.max_len_b=5",
+    ]
+    return ["run", str(RECIPES / "demo.toml"), *[f"--set={s}" for s in settings], *extra]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp_path = tmp_path_factory.mktemp("run")
+    result = runner.invoke(app, _args(tmp_path))
+    assert result.exit_code == 0, result.output
+    return tmp_path
+
+
+def test_run_goes_from_nothing_to_a_results_table(finished_run: Path) -> None:
+    run_dir = finished_run / "run"
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["steps"] == 4
+    assert results["parameters"] > 0
+    systems = [s["system"] for s in results["systems"]]
+    assert systems == ["averaged (last 2)", "best (dev loss)", "last"]
+    for s in results["systems"]:
+        assert 0.0 <= s["bleu"] <= 100.0
+        assert s["bleu_signature"].startswith("nrefs:1")
+        assert "compound-split" in s["paper_bleu_signature"]
+    averaged = (run_dir / "average.pt").stat()
+    assert averaged.st_size > 0
+    test_lines = (finished_run / "data" / "test.src.txt").read_text().count("\n")
+    assert (run_dir / "test.averaged.hyp").read_text().count("\n") == test_lines
+
+
+def test_rerun_skips_finished_stages(finished_run: Path) -> None:
+    run_dir = finished_run / "run"
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.glob("test.*.hyp")}
+    avg_before = (run_dir / "average.pt").stat().st_mtime_ns
+    result = runner.invoke(app, _args(finished_run))
+    assert result.exit_code == 0, result.output
+    assert "up to date" in result.output
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.glob("test.*.hyp")} == before
+    assert (run_dir / "average.pt").stat().st_mtime_ns == avg_before
+
+
+def test_interrupted_run_continues_where_it_stopped(finished_run: Path) -> None:
+    run_dir = finished_run / "run"
+    (run_dir / "test.best.hyp").unlink()
+    (run_dir / "results.json").unlink()
+    result = runner.invoke(app, _args(finished_run, "--from", "translate"))
+    assert result.exit_code == 0, result.output
+    assert (run_dir / "test.best.hyp").is_file()
+    assert len(json.loads((run_dir / "results.json").read_text())["systems"]) == 3
+
+
+def test_until_stops_early(tmp_path: Path) -> None:
+    result = runner.invoke(app, _args(tmp_path, "--until", "prepare"))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "data" / "manifest.json").is_file()
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_stage_names_are_refused(tmp_path: Path) -> None:
+    result = runner.invoke(app, _args(tmp_path, "--until", "deploy"))
+    assert result.exit_code == 1
+    assert "unknown stage 'deploy'" in result.output
+    result = runner.invoke(app, _args(tmp_path, "--from", "score", "--until", "train"))
+    assert result.exit_code == 1

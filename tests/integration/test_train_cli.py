@@ -1,0 +1,141 @@
+"""`nmt train` end to end on tiny data: train, resume, refuse a changed model, stop on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt_cli.cli import app
+from nmt_cli.core.checkpoint import load_checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from train_data import make_data_dir
+
+runner = CliRunner()
+
+
+def write_recipe(tmp_path: Path, data: Path, run: Path, steps: int) -> Path:
+    recipe = tmp_path / "tiny.toml"
+    recipe.write_text(
+        f"""
+name = "tiny"
+[data]
+dir = "{data}"
+[model]
+encoder_layers = 1
+decoder_layers = 1
+d_model = 32
+d_ff = 64
+n_heads = 4
+max_positions = 64
+[train]
+run_dir = "{run}"
+batch_tokens = 240
+max_tokens = 120
+warmup_steps = 4
+max_steps = {steps}
+save_interval_steps = 2
+log_interval_steps = 1
+precision = "fp32"
+threads = 1
+""",
+        encoding="utf-8",
+    )
+    return recipe
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    data = make_data_dir(tmp_path / "data")
+    return write_recipe(tmp_path, data, tmp_path / "run", steps=4), tmp_path / "run"
+
+
+def test_train_resume_and_refuse_a_changed_model(setup: tuple[Path, Path]) -> None:
+    recipe, run = setup
+    first = runner.invoke(app, ["train", str(recipe)])
+    assert first.exit_code == 0, first.output
+    text = " ".join(first.output.split())
+    assert "1 device(s) x 2 accumulation step(s) x 120 max tokens" in text
+    assert "training summary" in first.output
+    assert (run / "checkpoints/step_00000004.pt").is_file()
+    assert load_checkpoint(run / "checkpoints/last.pt").step == 4
+
+    again = runner.invoke(app, ["train", str(recipe), "--set", "train.max_steps=6"])
+    assert again.exit_code == 0, again.output
+    assert "resuming at step 4" in again.output
+    assert load_checkpoint(run / "checkpoints/last.pt").step == 6
+
+    changed = runner.invoke(app, ["train", str(recipe), "--set", "model.n_heads=2"])
+    assert changed.exit_code == 1
+    text = " ".join(changed.output.split())
+    assert "error:" in text and "model.n_heads 4 -> 2" in text
+    assert "Traceback" not in changed.output
+
+
+def test_run_dir_option_and_cpu_only_errors(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    recipe, _ = setup
+    other = tmp_path / "elsewhere"
+    ok = runner.invoke(
+        app, ["train", str(recipe), "--run-dir", str(other), "--set", "train.max_steps=1"]
+    )
+    assert ok.exit_code == 0, ok.output
+    assert (other / "checkpoints/last.pt").is_file()
+    both = runner.invoke(app, ["train", str(recipe), "--gpus", "1", "--procs", "2"])
+    assert both.exit_code == 1 and "--procs is for CPU training" in both.output
+    fp16 = runner.invoke(app, ["train", str(recipe), "--set", "train.precision=fp16"])
+    assert fp16.exit_code == 1 and "fp16" in fp16.output and "needs a GPU" in fp16.output
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path: Path) -> None:
+    data = make_data_dir(tmp_path / "data")
+    recipe = write_recipe(tmp_path, data, tmp_path / "run", steps=100_000)
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt_cli", "train", str(recipe)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    metrics = tmp_path / "run/metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        metrics.is_file() and len(metrics.read_text().splitlines()) >= 5
+    ):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert "interrupted: saved checkpoints/last.pt" in err.decode()
+    last = load_checkpoint(tmp_path / "run/checkpoints/last.pt")
+    assert last.step >= 5
+    assert not (tmp_path / "run/train.lock").exists()
+
+
+def test_sigkill_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+    data = make_data_dir(tmp_path / "data")
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path, data, run, steps=100_000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt_cli", "train", str(recipe)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (run / "checkpoints/step_00000004.pt").is_file():
+        time.sleep(0.1)
+    proc.kill()  # SIGKILL: no chance to save or to remove the lock
+    proc.wait()
+    assert (run / "train.lock").is_file()
+    saved = load_checkpoint(run / "checkpoints/last.pt").step  # readable, never torn
+    assert saved >= 4
+    again = runner.invoke(app, ["train", str(recipe), "--set", f"train.max_steps={saved + 2}"])
+    assert again.exit_code == 0, again.output
+    assert f"resuming at step {saved}" in " ".join(again.output.split())
+    assert load_checkpoint(run / "checkpoints/last.pt").step == saved + 2

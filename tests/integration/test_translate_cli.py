@@ -1,0 +1,225 @@
+"""`nmt translate` end to end: a model trained here to copy its input is translated exactly
+through SentencePiece and back; streaming, odd input, n-best, JSON and errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from translation_ckpt import (
+    COPY_POOL,
+    copy_checkpoint,
+    random_checkpoint,
+    sentences,
+    tiny_vocab,
+)
+from typer.testing import CliRunner
+
+from nmt_cli.cli import app
+from nmt_cli.config import DecodeConfig
+from nmt_cli.core.checkpoint import load_checkpoint
+from nmt_cli.engines.translate import Translator, read_chunks, translate_lines
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def copier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_checkpoint(tmp_path_factory.mktemp("copy") / "copy.pt", tiny_vocab())
+
+
+@pytest.fixture(scope="module")
+def random_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return random_checkpoint(tmp_path_factory.mktemp("rand") / "rand.pt", tiny_vocab())
+
+
+def run(args: list[str], stdin: bytes | str = b"") -> tuple[int, str, str]:
+    result = runner.invoke(app, ["translate", *args], input=stdin)
+    return result.exit_code, result.stdout, result.stderr
+
+
+LINES = [*COPY_POOL[:12], "", "red dog", "", *COPY_POOL[12:21]]
+
+
+def test_copy_model_round_trips_raw_text_in_input_order(copier: Path) -> None:
+    # Small batches force several length-sorted batches; output order must be the input's.
+    code, out, err = run(["-m", str(copier), "--batch-size", "3"], "\n".join(LINES) + "\n")
+    assert code == 0, err
+    assert out.split("\n")[:-1] == LINES
+    assert "translated 24 lines" in err
+
+
+def test_greedy_fp32_bf16_and_token_batches_agree(copier: Path) -> None:
+    text = "\n".join(LINES) + "\n"
+    outs = {
+        run(["-m", str(copier), *extra, "-q"], text)[1]
+        for extra in (
+            ["--beam", "1"],
+            ["--precision", "fp32"],
+            ["--precision", "bf16", "--batch-tokens", "20"],
+            ["--batch-size", "1"],
+        )
+    }
+    assert outs == {text}
+
+
+def test_files_in_and_out(copier: Path, tmp_path: Path) -> None:
+    src, hyp = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    code, out, err = run(["-m", str(copier), "-i", str(src), "-o", str(hyp)])
+    assert code == 0, err
+    assert out == ""
+    assert hyp.read_text(encoding="utf-8").split("\n")[:-1] == LINES
+
+
+def test_engine_function_for_training_and_run(copier: Path) -> None:
+    ckpt = load_checkpoint(copier)
+    assert translate_lines(ckpt, LINES, DecodeConfig(precision="fp32")) == LINES
+    model = ckpt.build_model().train()
+    assert translate_lines(model, iter(LINES), DecodeConfig(buffer_lines=5), ckpt.vocab) == LINES
+    assert model.training  # restored after translating
+
+
+def test_unusual_text_never_crashes_and_keeps_one_line_per_line(random_ckpt: Path) -> None:
+    weird = [
+        b"tab\there and bell \x07 and NUL \x00 here",
+        "emoji 🐈‍⬛ 👩🏽‍🚀".encode(),
+        "right to left עברית العربية".encode(),
+        b"invalid utf-8 \xff\xfe \xed\xa0\x80 surrogate",
+        b"windows line end\r",
+        "zero\u200bwidth and line\u2028separator".encode(),
+        b"   ",
+        b"",
+        b"\x1b[31mescape\x1b[0m",
+    ]
+    code, out, err = run(["-m", str(random_ckpt), "--max-len-b", "5"], b"\n".join(weird) + b"\n")
+    assert code == 0, err
+    assert out.count("\n") == len(weird)
+    assert out.split("\n")[6:8] == ["", ""]  # blank lines stay blank
+
+
+def test_last_line_without_newline_and_no_input(random_ckpt: Path) -> None:
+    code, out, _ = run(["-m", str(random_ckpt), "--max-len-b", "3"], b"a cat\nthe dog")
+    assert code == 0 and out.count("\n") == 2
+    code, out, _ = run(["-m", str(random_ckpt)], b"")
+    assert code == 0 and out == ""
+
+
+def test_too_long_input_is_truncated_with_a_counted_warning(random_ckpt: Path) -> None:
+    long = " ".join(["the big red house"] * 40)  # far beyond 40 positions
+    text = f"{long}\nthe cat\n{long}\n"
+    code, out, err = run(["-m", str(random_ckpt), "--max-len-b", "3"], text)
+    assert code == 0
+    assert out.count("\n") == 3
+    assert "2 input line(s) longer than 39 subword tokens were truncated (lines 1, 3)" in err
+
+
+def test_nbest_prints_k_scored_hypotheses_per_line(copier: Path) -> None:
+    code, out, err = run(["-m", str(copier), "--nbest", "3"], "the cat\n\nred dog\n")
+    assert code == 0, err
+    rows = [line.split(" ||| ") for line in out.splitlines()]
+    assert [r[0] for r in rows] == ["0", "0", "0", "1", "2", "2", "2"]
+    assert rows[0][1] == "the cat" and rows[4][1] == "red dog"
+    scores = [float(r[2]) for r in rows[:3]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_json_lines_carry_source_hypotheses_scores_and_timing(copier: Path) -> None:
+    code, out, err = run(["-m", str(copier), "--json", "--nbest", "2"], "the cat\n\n")
+    assert code == 0, err
+    first, second = (json.loads(line) for line in out.splitlines())
+    assert first["source"] == "the cat" and first["line"] == 1
+    assert first["hypotheses"][0]["text"] == "the cat"
+    assert len(first["hypotheses"]) == 2
+    assert first["hypotheses"][0]["score"] >= first["hypotheses"][1]["score"]
+    assert first["hypotheses"][0]["log_prob"] < 0
+    assert first["timing"]["chunk_seconds"] >= 0
+    assert second["hypotheses"] == []
+
+
+def test_bad_checkpoints_and_options_are_clear_errors(tmp_path: Path, random_ckpt: Path) -> None:
+    code, _, err = run(["-m", str(tmp_path / "missing.pt")], "x\n")
+    assert code == 1 and "no such checkpoint file" in err and "Traceback" not in err
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(random_ckpt.read_bytes()[:300])
+    code, _, err = run(["-m", str(corrupt)], "x\n")
+    assert code == 1 and "not a readable checkpoint" in err
+    code, _, err = run(["-m", str(random_ckpt), "--nbest", "5", "--beam", "4"], "x\n")
+    assert code == 1 and "nbest" in err
+    code, _, err = run(["-m", str(random_ckpt), "-i", str(tmp_path / "nope.txt")])
+    assert code == 1 and "no such input file" in err
+
+
+def test_help_prints_the_length_penalty_formula() -> None:
+    result = runner.invoke(app, ["translate", "--help"], env={"COLUMNS": "200"})
+    assert "((5 + |Y|) / 6) ** alpha" in result.stdout
+
+
+def test_batched_equals_one_by_one_through_the_translator(random_ckpt: Path) -> None:
+    ckpt = load_checkpoint(random_ckpt)
+    lines = sentences(10, seed=3)
+    cfg = DecodeConfig(precision="fp32", max_len_b=6, nbest=2)
+    batched = Translator.from_checkpoint(ckpt, cfg).translate(lines)
+    alone = Translator.from_checkpoint(ckpt, DecodeConfig(precision="fp32", max_len_b=6, nbest=2))
+    for line, result in zip(lines, batched, strict=True):
+        [single] = alone.translate([line])
+        assert [h.text for h in single.hypotheses] == [h.text for h in result.hypotheses]
+
+
+def test_batches_decoded_side_by_side_give_the_same_output(copier: Path) -> None:
+    ckpt = load_checkpoint(copier)
+    cfg = DecodeConfig(precision="fp32", batch_sentences=2)
+    lines = COPY_POOL[20:35]
+    one = Translator.from_checkpoint(ckpt, cfg, workers=1).translate(lines)
+    two = Translator.from_checkpoint(ckpt, cfg, workers=2).translate(lines)
+    assert [t.text for t in two] == [t.text for t in one] == lines
+
+
+def test_read_chunks_answers_a_slow_pipe_at_once() -> None:
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb", buffering=0) as writer:
+        chunks = read_chunks(reader, max_lines=1000)
+        got: list[list[str]] = []
+        thread = threading.Thread(target=lambda: got.append(next(chunks)), daemon=True)
+        writer.write(b"first line\n")  # and the writer keeps the pipe open
+        thread.start()
+        thread.join(timeout=10)
+        assert got == [["first line"]]
+
+
+def test_read_chunks_bounds_the_buffer_and_keeps_every_line() -> None:
+    data = b"".join(b"line %d\n" % i for i in range(2500))
+    chunks = list(read_chunks(io.BytesIO(data), max_lines=300))
+    assert max(len(c) for c in chunks) <= 300
+    assert [x for c in chunks for x in c] == [f"line {i}" for i in range(2500)]
+
+
+def test_interactive_user_is_answered_before_input_ends(copier: Path) -> None:
+    """A real process: write one line, read its translation, only then close stdin."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt_cli", "translate", "-m", str(copier), "-q"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"the red cat\n")
+        proc.stdin.flush()
+        answer: list[bytes] = []
+        thread = threading.Thread(target=lambda: answer.append(proc.stdout.readline()))
+        thread.start()
+        thread.join(timeout=60)
+        assert answer == [b"the red cat\n"]
+        proc.stdin.write(b"a dog\n")
+        proc.stdin.close()
+        assert proc.stdout.read() == b"a dog\n"
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()

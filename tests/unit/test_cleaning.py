@@ -1,0 +1,130 @@
+"""Cleaning rules (each one counted) and the checked reading of parallel text files."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from nmt_cli.engines.cleaning import CleanRules, PairCleaner
+from nmt_cli.engines.text_files import LineDecoder, TextPairs
+from nmt_cli.errors import NmtError
+
+
+def run(rules: CleanRules, pairs: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], dict]:
+    cleaner = PairCleaner(rules, "en", "de")
+    kept = [k for k in (cleaner.clean(a, b) for a, b in pairs) if k is not None]
+    return kept, cleaner.stats.as_dict()
+
+
+def test_empty_and_whitespace_only_pairs_are_dropped() -> None:
+    kept, stats = run(CleanRules(), [("a b", "c d"), ("", "x"), ("x", "   "), (" \t", "")])
+    assert kept == [("a b", "c d")]
+    assert stats["dropped"]["empty"] == 3
+    assert stats["read"] == 4 and stats["kept"] == 1
+
+
+def test_too_long_counts_whitespace_tokens_per_side() -> None:
+    ok = " ".join(["w"] * 5)
+    long = " ".join(["w"] * 6)
+    kept, stats = run(CleanRules(max_len=5, max_len_ratio=0), [(ok, ok), (long, ok), (ok, long)])
+    assert kept == [(ok, ok)]
+    assert stats["dropped"]["too_long"] == 2
+
+
+def test_length_ratio_in_both_directions_and_at_the_limit() -> None:
+    two, three, four = "a b", "a b c", "a b c d"
+    pairs = [(two, three), (three, two), (two, four), (four, two)]
+    kept, stats = run(CleanRules(max_len_ratio=1.5), pairs)
+    assert kept == [(two, three), (three, two)]  # 3/2 = 1.5 is allowed; 4/2 is not
+    assert stats["dropped"]["ratio"] == 2
+
+
+def test_zero_disables_length_and_ratio_limits() -> None:
+    pairs = [("a", " ".join(["b"] * 400))]
+    kept, _ = run(CleanRules(max_len=0, max_len_ratio=0), pairs)
+    assert kept == pairs
+
+
+def test_dedup_drops_exact_repeats_of_the_pair_only_when_asked() -> None:
+    pairs = [("a b", "c d"), ("a b", "c d"), ("a b", "c e"), (" a b ", "c d")]
+    kept, stats = run(CleanRules(dedup=True), pairs)
+    assert kept == [("a b", "c d"), ("a b", "c e")]
+    assert stats["dropped"]["duplicate"] == 2
+    kept, stats = run(CleanRules(dedup=False), pairs)
+    assert len(kept) == 4 and stats["dropped"]["duplicate"] == 0
+
+
+def test_each_pair_is_charged_to_its_first_broken_rule() -> None:
+    long = " ".join(["w"] * 300)
+    _, stats = run(CleanRules(dedup=True), [("", long), (long, "x"), ("x", "y z w")])
+    assert stats["dropped"] == {"empty": 1, "too_long": 1, "ratio": 1, "duplicate": 0}
+    assert sum(stats["dropped"].values()) + stats["kept"] == stats["read"]
+
+
+def test_punctuation_normalization_with_sacremoses() -> None:
+    kept, _ = run(CleanRules(normalize_punctuation=True), [("„Hello“ world …", "«Hallo» Welt")])
+    assert kept == [('"Hello" world ...', '"Hallo" Welt')]
+    kept, _ = run(CleanRules(), [("„Hello“ world", "«Hallo» Welt")])
+    assert kept == [("„Hello“ world", "«Hallo» Welt")]
+
+
+def test_rules_validate_their_limits() -> None:
+    with pytest.raises(ValueError, match="max_len_ratio"):
+        CleanRules(max_len_ratio=0.5)
+
+
+# --- reading parallel text -------------------------------------------------------------
+
+
+def write(path: Path, data: bytes, gz: bool = False) -> Path:
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def test_plain_and_gzipped_files_stream_stripped_pairs(tmp_path: Path) -> None:
+    src = write(tmp_path / "a.en.gz", "\ufeffHello world \nSecond\r\n".encode(), gz=True)
+    tgt = write(tmp_path / "a.de", b"Hallo Welt\nZweite\n")
+    assert list(TextPairs(src, tgt).pairs()) == [
+        ("Hello world", "Hallo Welt"),
+        ("Second", "Zweite"),
+    ]
+
+
+def test_line_breaks_inside_a_sentence_become_spaces(tmp_path: Path) -> None:
+    """A lone CR or U+2028 would split the sentence in any line-based reader downstream."""
+    src = write(tmp_path / "a.en", "one\rtwo\u2028three\nfour\n".encode())
+    tgt = write(tmp_path / "a.de", "eins\x85zwei\nvier\n".encode())
+    assert list(TextPairs(src, tgt).pairs()) == [("one two three", "eins zwei"), ("four", "vier")]
+
+
+def test_different_line_counts_name_both_files_and_counts(tmp_path: Path) -> None:
+    src = write(tmp_path / "train.en", b"a\nb\nc\n")
+    tgt = write(tmp_path / "train.de", b"x\ny\n")
+    with pytest.raises(NmtError) as err:
+        list(TextPairs(src, tgt).pairs())
+    message = str(err.value)
+    assert f"{src} has 3 lines but {tgt} has 2" in message
+    with pytest.raises(NmtError, match="has 2 lines but .* has 3"):
+        list(TextPairs(tgt, src).pairs())
+
+
+def test_bad_utf8_names_file_and_line_or_is_replaced_and_counted(tmp_path: Path) -> None:
+    src = write(tmp_path / "train.en", b"fine\nbad \xff byte\nfine\n")
+    tgt = write(tmp_path / "train.de", b"gut\ngut\ngut\n")
+    with pytest.raises(NmtError, match=r"train\.en:2: not valid UTF-8 \(byte 0xff at column 5\)"):
+        list(TextPairs(src, tgt).pairs())
+    decoder = LineDecoder("replace")
+    pairs = list(TextPairs(src, tgt, decoder).pairs())
+    assert pairs[1] == ("bad \ufffd byte", "gut")
+    assert decoder.replaced == 1
+
+
+def test_missing_and_corrupt_files(tmp_path: Path) -> None:
+    tgt = write(tmp_path / "t.de", b"x\n")
+    with pytest.raises(NmtError, match="no such file"):
+        list(TextPairs(tmp_path / "nope.en", tgt).pairs())
+    broken = write(tmp_path / "b.en.gz", gzip.compress(b"a\n" * 1000)[:30])
+    with pytest.raises(NmtError, match="unreadable"):
+        list(TextPairs(broken, tgt).pairs())

@@ -1,0 +1,282 @@
+"""Beam and greedy search: scripted beams computed by hand, invariants on a random model,
+and exact decoding by a tiny model trained here to reverse sequences."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt_cli.core.search import (
+    Hypothesis,
+    beam_search,
+    greedy_search,
+    length_penalty_value,
+    max_output_lengths,
+)
+from nmt_cli.core.transformer import ModelConfig, Transformer
+
+EOS, A, B = 3, 4, 5
+Table = dict[tuple[int, ...], dict[int, float]]
+
+
+class ScriptedCache:
+    """Remembers each row's prefix; reorder follows the search's index like a real cache."""
+
+    def __init__(self) -> None:
+        self.prefixes: list[tuple[int, ...]] | None = None
+
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        assert self.prefixes is not None
+        self.prefixes = [self.prefixes[i] for i in index.tolist()]
+
+
+class ScriptedModel:
+    """Next-token probabilities are a function of the prefix alone (like fairseq's
+    test_sequence_generator stub, but keyed on the prefix so beam order cannot matter).
+    A prefix missing from the table ends with certainty."""
+
+    def __init__(self, table: Table, vocab: int = 6, default: dict[int, float] | None = None):
+        self.table, self.vocab = table, vocab
+        self.default = default or {EOS: 1.0}
+
+    def source_mask(self, src: Tensor) -> Tensor:
+        return (src != 0)[:, None, None, :]
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return torch.zeros(src.size(0), src.size(1), 1)
+
+    def new_cache(self) -> ScriptedCache:
+        return ScriptedCache()
+
+    def decode_step(
+        self, last: Tensor, memory: Tensor, src_mask: Tensor, cache: ScriptedCache
+    ) -> tuple[Tensor, None]:
+        if cache.prefixes is None:
+            cache.prefixes = [() for _ in range(last.numel())]
+        else:
+            cache.prefixes = [(*p, t) for p, t in zip(cache.prefixes, last.tolist(), strict=True)]
+        out = torch.full((last.numel(), self.vocab), -math.inf)
+        for row, prefix in enumerate(cache.prefixes):
+            for tok, p in self.table.get(prefix, self.default).items():
+                out[row, tok] = math.log(p)
+        return out, None
+
+
+# () -> a .6 | b .4; (b) ends with .9; (a) continues with a or b.
+TABLE: Table = {
+    (): {A: 0.6, B: 0.4},
+    (A,): {A: 0.4, B: 0.35, EOS: 0.25},
+    (B,): {EOS: 0.9, A: 0.05, B: 0.05},
+    (A, A): {EOS: 1.0},
+    (A, B): {EOS: 0.5, A: 0.5},
+}
+SRC = torch.tensor([[A, EOS]])
+
+
+def tokens(hyps: list[Hypothesis]) -> list[list[int]]:
+    return [h.tokens for h in hyps]
+
+
+def test_scripted_greedy_follows_the_argmax() -> None:
+    # a (.6), then a (.4), then EOS (1.0): p = .24 although "b EOS" has .36.
+    [hyp] = greedy_search(ScriptedModel(TABLE), SRC)[0]
+    assert hyp.tokens == [A, A]
+    assert hyp.log_prob == pytest.approx(math.log(0.24))
+    assert hyp.score == pytest.approx(math.log(0.24) / ((5 + 3) / 6) ** 0.6)
+
+
+def test_scripted_beam_two_finds_the_better_short_hypothesis() -> None:
+    # Step 1 candidates: b.EOS .36, a.a .24, a.b .21, a.EOS .15 -> b.EOS finished, a.a open.
+    # alpha 0: the open beam (.24) cannot beat .36 any more, so search stops.
+    [hyp] = beam_search(ScriptedModel(TABLE), SRC, beam_size=2, length_penalty=0.0)[0]
+    assert hyp.tokens == [B]
+    assert hyp.log_prob == pytest.approx(math.log(0.36))
+    assert hyp.score == pytest.approx(math.log(0.36))
+
+
+def test_scripted_nbest_lists_the_finished_hypotheses_best_first() -> None:
+    hyps = beam_search(ScriptedModel(TABLE), SRC, beam_size=2, length_penalty=0.0, nbest=2)[0]
+    assert tokens(hyps) == [[B], [A, A]]
+    assert [h.log_prob for h in hyps] == pytest.approx([math.log(0.36), math.log(0.24)])
+
+
+def test_scripted_beam_three_keeps_the_three_best_candidates() -> None:
+    # Step 1 top 3: b.EOS .36 (set aside), a.a .24, a.b .21. Step 2: a.a.EOS .24,
+    # a.b.EOS .105, a.b.a .105 -> three finished: [b] .36, [a a] .24, [a b] .105.
+    hyps = beam_search(ScriptedModel(TABLE), SRC, beam_size=3, length_penalty=0.0, nbest=3)[0]
+    assert tokens(hyps) == [[B], [A, A], [A, B]]
+    assert [h.log_prob for h in hyps] == pytest.approx(
+        [math.log(0.36), math.log(0.24), math.log(0.105)]
+    )
+
+
+# The length penalty lets a long, certain continuation win (alpha 2). Step 1 keeps
+# b.EOS (.45, set aside, score ln(.45) / (7/6)^2 = -0.5867) and a.a (.2, open). Ending at
+# the next step, a.a could only reach ln(.2) / (8/6)^2 = -0.905: a search that bounded open
+# beams by the next step's penalty would stop and return [b]. The right bound uses the
+# largest reachable penalty, and a.a.a.a.a.EOS indeed scores ln(.2) / (11/6)^2 = -0.4789.
+LONG: Table = {
+    (): {A: 0.5, B: 0.5},
+    (B,): {EOS: 0.9, A: 0.1},
+    (A,): {A: 0.4, B: 0.3, EOS: 0.3},
+    (A, A): {A: 1.0},
+    (A, A, A): {A: 1.0},
+    (A, A, A, A): {A: 1.0},
+}
+
+
+def test_stopping_bound_uses_the_largest_reachable_length_penalty() -> None:
+    hyps = beam_search(ScriptedModel(LONG), SRC, beam_size=2, length_penalty=2.0, nbest=2)[0]
+    assert tokens(hyps) == [[A, A, A, A, A], [B]]
+    assert [h.score for h in hyps] == pytest.approx(
+        [math.log(0.2) / (11 / 6) ** 2, math.log(0.45) / (7 / 6) ** 2]
+    )
+    # Without the penalty the short hypothesis wins and search stops at once.
+    [short] = beam_search(ScriptedModel(LONG), SRC, beam_size=2, length_penalty=0.0)[0]
+    assert short.tokens == [B]
+
+
+def test_maximum_length_forces_the_end(batch: Tensor) -> None:
+    limits = max_output_lengths(batch, 1.0, 2, None).tolist()
+    assert limits == [6, 8, 3, 5]  # |source| + 2, the source's EOS not counted
+    babbler = ScriptedModel({}, vocab=30, default={A: 0.9, EOS: 0.1})  # prefers to go on
+    for search in (beam_search, greedy_search):
+        results = search(babbler, batch, max_len_b=2)
+        assert [h[0].tokens for h in results] == [[A] * n for n in limits]
+    assert max_output_lengths(torch.tensor([[4, 5, 6, 3, 0]]), 1.0, 50, 1024).tolist() == [53]
+    assert max_output_lengths(torch.tensor([[4, 5, 6, 3, 0]]), 1.0, 50, 20).tolist() == [19]
+
+
+def test_nbest_larger_than_beam_is_refused() -> None:
+    with pytest.raises(ValueError, match="nbest"):
+        beam_search(ScriptedModel(TABLE), SRC, beam_size=2, nbest=3)
+
+
+# ---- a random model: invariants ----
+
+
+@pytest.fixture
+def batch() -> Tensor:
+    return torch.tensor(
+        [
+            [5, 6, 7, 8, 3, 0, 0],
+            [9, 10, 11, 12, 13, 14, 3],
+            [4, 3, 0, 0, 0, 0, 0],
+            [20, 21, 22, 3, 0, 0, 0],
+        ]
+    )
+
+
+def _sentences(batch: Tensor) -> list[Tensor]:
+    return [row[: int((row != 0).sum())][None] for row in batch]
+
+
+def test_beam_one_equals_greedy(tiny_model: Transformer, batch: Tensor) -> None:
+    greedy = greedy_search(tiny_model, batch, max_len_b=12)
+    beam1 = beam_search(tiny_model, batch, beam_size=1, max_len_b=12)
+    assert [tokens(h) for h in beam1] == [tokens(h) for h in greedy]
+    for g, b in zip(greedy, beam1, strict=True):
+        assert b[0].score == pytest.approx(g[0].score, abs=1e-4)
+
+
+def test_batched_equals_one_by_one(tiny_model: Transformer, batch: Tensor) -> None:
+    batched = beam_search(tiny_model, batch, beam_size=4, max_len_b=12, nbest=3)
+    for sent, hyps in zip(_sentences(batch), batched, strict=True):
+        [alone] = beam_search(tiny_model, sent, beam_size=4, max_len_b=12, nbest=3)
+        assert tokens(alone) == tokens(hyps)
+        assert [h.score for h in alone] == pytest.approx([h.score for h in hyps], abs=1e-4)
+    greedy_batched = greedy_search(tiny_model, batch, max_len_b=12)
+    for sent, hyps in zip(_sentences(batch), greedy_batched, strict=True):
+        assert tokens(greedy_search(tiny_model, sent, max_len_b=12)[0]) == tokens(hyps)
+
+
+def teacher_forced_log_prob(model: Transformer, src: Tensor, ids: list[int]) -> float:
+    tgt_in = torch.tensor([[2, *ids]])
+    tgt_out = torch.tensor([[*ids, EOS]])
+    with torch.no_grad():
+        lprobs = F.log_softmax(model(src, tgt_in).float(), dim=-1)
+    return float(lprobs.gather(-1, tgt_out[..., None]).sum())
+
+
+def test_scores_equal_teacher_forced_log_probability(
+    tiny_model: Transformer, batch: Tensor
+) -> None:
+    alpha = 0.6
+    results = beam_search(tiny_model, batch, beam_size=3, max_len_b=8, nbest=3)
+    checked = 0
+    for sent, hyps in zip(_sentences(batch), results, strict=True):
+        for hyp in hyps:
+            expected = teacher_forced_log_prob(tiny_model, sent, hyp.tokens)
+            assert hyp.log_prob == pytest.approx(expected, abs=1e-4)
+            lp = length_penalty_value(len(hyp.tokens) + 1, alpha)
+            assert hyp.score == pytest.approx(expected / lp, abs=1e-4)
+            checked += 1
+    assert checked == 12
+
+
+# ---- a tiny model trained to reverse sequences is decoded exactly ----
+
+V = 10  # pad, unk, bos, eos and six symbols
+
+
+def _reverse_batch(n: int, gen: torch.Generator, max_len: int = 5) -> tuple[Tensor, ...]:
+    lengths = torch.randint(2, max_len + 1, (n,), generator=gen)
+    ids = torch.randint(4, V, (n, max_len + 1), generator=gen)
+    pos = torch.arange(max_len + 1)[None]
+    real = pos < lengths[:, None]
+    rev = ids.gather(1, (lengths[:, None] - 1 - pos).clamp(min=0)).masked_fill(~real, 0)
+    rows = torch.arange(n)
+    src = ids.masked_fill(~real, 0)
+    src[rows, lengths] = EOS
+    tgt_out = rev.clone()
+    tgt_out[rows, lengths] = EOS
+    tgt_in = torch.cat([torch.full((n, 1), 2), rev[:, :-1]], 1)
+    return src, tgt_in, tgt_out
+
+
+@pytest.fixture(scope="module")
+def reverser() -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        encoder_layers=1,
+        decoder_layers=1,
+        d_model=32,
+        d_ff=64,
+        n_heads=2,
+        dropout=0.0,
+        src_vocab_size=V,
+        tgt_vocab_size=V,
+        max_positions=16,
+    )
+    model = Transformer(cfg)
+    steps = 500
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, betas=(0.9, 0.98))
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (steps - s) / (0.3 * steps)))
+    gen = torch.Generator().manual_seed(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest and deterministic
+    try:
+        for _ in range(steps):
+            src, tgt_in, tgt_out = _reverse_batch(64, gen)
+            logits = model(src, tgt_in).view(-1, V)
+            loss = F.cross_entropy(logits, tgt_out.view(-1), ignore_index=0)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            decay.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+def test_trained_reverser_is_decoded_exactly(reverser: Transformer) -> None:
+    src, _, tgt_out = _reverse_batch(100, torch.Generator().manual_seed(123))
+    expected = [[t for t in row.tolist() if t > EOS] for row in tgt_out]
+    beam = beam_search(reverser, src, beam_size=4)
+    greedy = greedy_search(reverser, src)
+    assert [h[0].tokens for h in beam] == expected
+    assert [h[0].tokens for h in greedy] == expected

@@ -1,0 +1,172 @@
+"""The training engine on a tiny model and tiny data: resume, checkpoints, lock, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from train_data import make_data_dir, pairs, tiny_recipe, with_model
+
+from nmt_cli.config import TrainConfig
+from nmt_cli.core.checkpoint import load_checkpoint
+from nmt_cli.core.schedule import paper_learning_rate
+from nmt_cli.core.vocab import train_sentencepiece
+from nmt_cli.engines import train_step
+from nmt_cli.engines.run_dir import RunDir, RunDirLocked
+from nmt_cli.engines.train import TrainOptions, derive_split, train
+from nmt_cli.engines.train_events import StepDone, TrainEvent, TrainStarted
+from nmt_cli.errors import NmtError
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_data_dir(tmp_path_factory.mktemp("data"))
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path).model
+
+
+def test_split_keeps_the_effective_batch_on_any_device_count() -> None:
+    cfg = TrainConfig(batch_tokens=25000, max_tokens=4096)
+    for world in (1, 2, 8):
+        split = derive_split(cfg, world)
+        assert split.max_tokens <= 4096
+        assert 25000 <= world * split.accum * split.max_tokens < 25000 + world * split.accum
+    assert derive_split(TrainConfig(batch_tokens=25000), 8).accum == 1
+    assert derive_split(TrainConfig(batch_tokens=25000), 8).max_tokens == 3125
+
+
+def test_checkpoints_rotation_metrics_and_schedule(data: Path, tmp_path: Path) -> None:
+    recipe = tiny_recipe(
+        data, tmp_path / "run", save_interval_steps=2, max_steps=7, validate_bleu_sentences=5
+    )
+    events: list[TrainEvent] = []
+    result = train(recipe, on_event=events.append)
+    run = RunDir(tmp_path / "run")
+    assert result.steps == 7 and result.stopped_by == "max_steps"
+    # keep_last = 2 of the step checkpoints 2, 4, 6, 7 (the final one)
+    assert [p.name for p in run.step_checkpoints()] == ["step_00000006.pt", "step_00000007.pt"]
+    assert result.last_checkpoint == run.step_path(7)
+    last = load_checkpoint(run.last)
+    assert last.kind == "train" and last.step == 7 and last.train_state is not None
+    assert last.train_state["step"] == 7
+    step7 = load_checkpoint(run.step_path(7))
+    assert step7.kind == "inference" and "dev_loss" in step7.meta
+    assert 0.0 <= step7.meta["dev_bleu"] <= 100.0 and step7.meta["dev_ppl"] > 1.0
+    assert all(torch.equal(v, last.model[k]) for k, v in step7.model.items())
+    records = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+    valid = [r for r in records if r["type"] == "valid"]
+    assert [r["step"] for r in valid] == [2, 4, 6, 7]
+    best = min(valid, key=lambda r: r["dev_loss"])
+    assert load_checkpoint(run.best).meta["dev_loss"] == pytest.approx(best["dev_loss"])
+    assert (run.root / "config.json").is_file() and (run.root / "spm.model").is_file()
+    assert not run.lock_file.exists()
+    # Equation (3) at every step, d_model 32 and warm-up 4.
+    lrs = [e.lr for e in events if isinstance(e, StepDone)]
+    assert lrs == pytest.approx([paper_learning_rate(s, 32, 4) for s in range(1, 8)])
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(data: Path, tmp_path: Path) -> None:
+    full = train(tiny_recipe(data, tmp_path / "full", max_steps=8))
+
+    def interrupt_at_step_3(event: TrainEvent) -> None:
+        if isinstance(event, StepDone) and event.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # handled: save last.pt, stop cleanly
+
+    recipe = tiny_recipe(data, tmp_path / "cut", max_steps=8)
+    first = train(recipe, on_event=interrupt_at_step_3)
+    assert first.stopped_by == "signal" and first.steps == 3
+    resumed = train(recipe)
+    assert resumed.steps == 8
+    a, b = (
+        weights(full.run_dir / "checkpoints/last.pt"),
+        weights(resumed.run_dir / "checkpoints/last.pt"),
+    )
+    for key, value in a.items():
+        torch.testing.assert_close(b[key], value, rtol=1e-6, atol=1e-7)
+    steps = [
+        json.loads(x)["step"] for x in RunDir(resumed.run_dir).metrics.read_text().splitlines()
+    ]
+    assert len([s for s in steps if s == 3]) == 1  # no duplicated records after resume
+
+
+def test_resume_refuses_a_changed_model_or_vocabulary(data: Path, tmp_path: Path) -> None:
+    recipe = tiny_recipe(data, tmp_path / "run", max_steps=1, save_interval_steps=0)
+    train(recipe)
+    with pytest.raises(NmtError, match=r"model\.d_ff 64 -> 128"):
+        train(with_model(recipe, d_ff=128))
+    other = make_data_dir(tmp_path / "other")
+    lines = [" ".join(w[::-1] for w in src.split()) for src, _ in pairs(300, seed=4)]
+    (other / "spm.model").write_bytes(train_sentencepiece(lines, vocab_size=40))
+    with pytest.raises(NmtError, match=r"the source vocabulary \(SentencePiece model\) differs"):
+        train(tiny_recipe(other, tmp_path / "run", max_steps=1))
+
+
+def test_live_lock_refuses_and_stale_lock_is_taken_over(data: Path, tmp_path: Path) -> None:
+    recipe = tiny_recipe(data, tmp_path / "run", max_steps=1, save_interval_steps=0)
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        run.lock_file.write_text(f"{live.pid} {os.uname().nodename}\n")
+        with pytest.raises(RunDirLocked, match=f"pid {live.pid}"):
+            train(recipe)
+    finally:
+        live.kill()
+        live.wait()
+    # Now that process is dead: its lock is stale and is taken over.
+    assert train(recipe).steps == 1
+    assert not run.lock_file.exists()
+
+
+def test_repeated_non_finite_updates_stop_with_a_clear_error(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = train_step.label_smoothed_sums
+
+    def nan_loss(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, nll = real(*args)  # type: ignore[arg-type]
+        return loss * float("nan"), nll
+
+    monkeypatch.setattr(train_step, "label_smoothed_sums", nan_loss)
+    recipe = tiny_recipe(data, tmp_path / "run", max_steps=50)
+    with pytest.raises(NmtError, match="3 updates in a row had non-finite"):
+        train(recipe, TrainOptions(max_nonfinite=3))
+
+
+def test_out_of_memory_names_the_batch_and_what_to_lower(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def oom(*args: object) -> None:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 9 GB")
+
+    monkeypatch.setattr(train_step, "label_smoothed_sums", oom)
+    with pytest.raises(NmtError, match=r"sentences x .* lower train\.max_tokens"):
+        train(tiny_recipe(data, tmp_path / "run"))
+
+
+def test_no_gpu_is_a_clear_error(data: Path, tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(NmtError, match="--gpus 0"):
+        train(tiny_recipe(data, tmp_path / "run"), TrainOptions(gpus=1))
+
+
+def test_stops_on_max_epochs_and_on_max_time(data: Path, tmp_path: Path) -> None:
+    events: list[TrainEvent] = []
+    by_epochs = train(
+        tiny_recipe(data, tmp_path / "epochs", max_steps=0, max_epochs=2, save_interval_steps=0),
+        on_event=events.append,
+    )
+    started = next(e for e in events if isinstance(e, TrainStarted))
+    assert by_epochs.stopped_by == "max_epochs"
+    assert by_epochs.steps == 2 * started.updates_per_epoch
+    by_time = train(tiny_recipe(data, tmp_path / "time", max_steps=0, max_time_minutes=1e-6))
+    assert by_time.stopped_by == "max_time" and by_time.steps == 1
