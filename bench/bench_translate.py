@@ -1,12 +1,12 @@
 """Decoding speed of `nmt translate` (beam 4) on Multi30k test_2016_flickr, and peak memory.
 
+    nmt run recipes/multi30k-en-de.toml          # the peer's model size, trained 20 minutes
     python bench/bench_translate.py ../shared/data/multi30k/test_2016_flickr.en.gz \\
-        --model CKPT [--ref ../shared/data/multi30k/test_2016_flickr.de.gz]
+        --model runs/multi30k-en-de/average.pt \\
+        --ref ../shared/data/multi30k/test_2016_flickr.de.gz
 
-Without --model, `--train-minutes M --train-dir ../shared/data/multi30k --save CKPT`
-first trains the small Multi30k model (3+3 layers, d_model 256, d_ff 1024, 4 heads, joint
-8k SentencePiece) for M minutes so that its outputs have realistic lengths (decoding speed
-depends on them: a random model runs every sentence to the length limit).
+The model must be trained: decoding speed depends on output lengths, and an untrained
+model runs every sentence to the length limit.
 
 Prints sentences/s and target tokens/s at batch 128 and batch 1, fp32 and bf16, and the
 peak resident memory of `nmt translate` subprocesses on the test set and on a generated
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import math
-import random
 import resource
 import subprocess
 import sys
@@ -29,11 +28,7 @@ from pathlib import Path
 import torch
 
 from nmt_cli.config import DecodeConfig, Precision
-from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint, model_state, save_checkpoint
-from nmt_cli.core.losses import label_smoothed_cross_entropy
-from nmt_cli.core.schedule import paper_adam, paper_learning_rate, set_learning_rate
-from nmt_cli.core.transformer import ModelConfig, Transformer
-from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID, VocabPair, train_sentencepiece
+from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
 from nmt_cli.engines.translate import Translator, set_threads
 
 PEERS = {  # sentences/s on this machine, beam 4 (../shared/PERF.md)
@@ -47,88 +42,6 @@ PEERS = {  # sentences/s on this machine, beam 4 (../shared/PERF.md)
 def read_gz(path: Path) -> list[str]:
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         return [line.rstrip("\n") for line in fh]
-
-
-def train_small(
-    data: Path,
-    minutes: float,
-    save: Path,
-    init: Path | None = None,
-    src: str = "en",
-    tgt: str = "de",
-) -> Path:
-    """A short, honest training run of the peer's model size (not a recipe: a stand-in
-    until a trained checkpoint is given with --model). `init` continues from a checkpoint
-    this function wrote (weights, vocabulary and step; Adam's moments restart)."""
-    src_lines, tgt_lines = read_gz(data / f"train.{src}.gz"), read_gz(data / f"train.{tgt}.gz")
-    start_ckpt = load_checkpoint(init) if init else None
-    if start_ckpt is not None:
-        vocab = start_ckpt.vocab
-    else:
-        proto = train_sentencepiece(src_lines + tgt_lines, vocab_size=8000)
-        vocab = VocabPair.from_protos(proto, proto)
-    cfg = ModelConfig(
-        encoder_layers=3,
-        decoder_layers=3,
-        d_model=256,
-        d_ff=1024,
-        n_heads=4,
-        dropout=0.1,
-        src_vocab_size=len(vocab.src),
-        tgt_vocab_size=len(vocab.tgt),
-    )
-    pairs = list(zip(vocab.src.encode(src_lines), vocab.tgt.encode(tgt_lines), strict=True))
-    pairs.sort(key=lambda p: (len(p[1]), len(p[0])))
-    batches: list[list[tuple[list[int], list[int]]]] = []
-    current: list[tuple[list[int], list[int]]] = []
-    width = 0
-    for pair in pairs:
-        width = max(width, len(pair[0]) + 1, len(pair[1]) + 1)
-        if current and width * (len(current) + 1) > 4096:
-            batches.append(current)
-            current, width = [], max(len(pair[0]), len(pair[1])) + 1
-        current.append(pair)
-    batches.append(current)
-    torch.manual_seed(1)
-    model = Transformer(cfg).train()
-    step = 0
-    if start_ckpt is not None:
-        model.load_state_dict(start_ckpt.model)
-        step = start_ckpt.step
-    opt = paper_adam(model.parameters())
-    rng = random.Random(1 + step)
-    tokens, start = 0, time.perf_counter()
-    while time.perf_counter() - start < minutes * 60:
-        rng.shuffle(batches)
-        for batch in batches:
-            s_w = max(len(s) for s, _ in batch) + 1
-            t_w = max(len(t) for _, t in batch) + 1
-            x = torch.full((len(batch), s_w), PAD_ID)
-            y_in = torch.full((len(batch), t_w), PAD_ID)
-            y_out = torch.full((len(batch), t_w), PAD_ID)
-            for i, (s, t) in enumerate(batch):
-                x[i, : len(s) + 1] = torch.tensor([*s, EOS_ID])
-                y_in[i, : len(t) + 1] = torch.tensor([BOS_ID, *t])
-                y_out[i, : len(t) + 1] = torch.tensor([*t, EOS_ID])
-            step += 1
-            set_learning_rate(opt, paper_learning_rate(step, cfg.d_model, 400))
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(x, y_in)
-            out = label_smoothed_cross_entropy(logits.float(), y_out, 0.1, PAD_ID)
-            opt.zero_grad(set_to_none=True)
-            (out.loss / out.tokens).backward()
-            opt.step()
-            tokens += out.tokens
-            if step % 50 == 0:
-                rate = tokens / (time.perf_counter() - start)
-                nll = float(out.nll.detach()) / out.tokens
-                print(f"step {step} nll/token {nll:.3f} {rate:.0f} tok/s", flush=True)
-            if time.perf_counter() - start >= minutes * 60:
-                break
-    minutes_total = minutes + (start_ckpt.meta.get("bench_minutes", 0) if start_ckpt else 0)
-    meta = {"bench_minutes": minutes_total}
-    ckpt = Checkpoint(cfg, vocab, model_state(model), step, meta=meta)
-    return save_checkpoint(ckpt, save)
 
 
 def measure(
@@ -170,29 +83,30 @@ def peak_rss_mb(command: list[str]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("test_src", type=Path)
-    parser.add_argument("--model", type=Path)
+    parser.add_argument("--model", type=Path, required=True, help="a trained checkpoint")
     parser.add_argument("--ref", type=Path, help="reference (gz) for a sanity BLEU")
-    parser.add_argument("--train-minutes", type=float, default=0.0)
-    parser.add_argument("--train-dir", type=Path)
-    parser.add_argument("--save", type=Path, default=Path("bench_small.pt"))
-    parser.add_argument("--init", type=Path, help="continue training this checkpoint")
     parser.add_argument("--single", type=int, default=300, help="sentences for batch 1")
     parser.add_argument("--memory-lines", type=int, default=200_000)
+    parser.add_argument(
+        "--uncapped-reps", type=int, default=20, help="also the test set N times, full length"
+    )
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument(
+        "--intra-op", action="store_true", help="also time all threads on one batch"
+    )
     parser.add_argument("--skip", default="", help="comma list: fp32,bf16,single,memory")
     args = parser.parse_args()
     print("command:", " ".join(["python", *sys.argv]))
     threads, _ = set_threads(args.threads, 1)
     skip = set(filter(None, args.skip.split(",")))
-    if args.model is None:
-        if not args.train_minutes or args.train_dir is None:
-            parser.error("give --model CKPT, or --train-minutes M --train-dir DIR to train one")
-        args.model = train_small(args.train_dir, args.train_minutes, args.save, args.init)
-        print(f"trained for {args.train_minutes} min -> {args.model}")
     ckpt = load_checkpoint(args.model)
     lines = read_gz(args.test_src)
     print(f"torch {torch.__version__}, {threads} threads, {len(lines)} test sentences, beam 4")
-    layouts = [(1, 1), (threads, 1), (threads, threads)] if threads > 1 else [(1, 1)]
+    # (threads, batches at once). Spreading one batch over all threads is opt-in: on the
+    # shared 2-core machine it was anywhere from 1.7x faster to 40x slower than 1 thread.
+    layouts = [(1, 1), (threads, threads)] if threads > 1 else [(1, 1)]
+    if args.intra_op and threads > 1:
+        layouts.insert(1, (threads, 1))
     precisions: list[Precision] = ["fp32", "bf16"]
     for precision in precisions:
         if precision in skip:
@@ -229,6 +143,12 @@ def main() -> None:
             base = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(args.model), "-q"]
             rss_small, t_small = peak_rss_mb([*base, "-i", str(small)])
             print(f"peak RSS, {len(lines)} lines, beam 4: {rss_small:.0f} MiB ({t_small:.0f}s)")
+            if args.uncapped_reps:
+                mid = Path(tmp) / "mid.txt"
+                mid.write_text(("\n".join(lines) + "\n") * args.uncapped_reps, encoding="utf-8")
+                rss_mid, t_mid = peak_rss_mb([*base, "-i", str(mid)])
+                n_mid = args.uncapped_reps * len(lines)
+                print(f"peak RSS, {n_mid:,} lines, beam 4: {rss_mid:.0f} MiB ({t_mid:.0f}s)")
             capped = [*base, "-i", str(big), "--max-len-a", "0", "--max-len-b", "2"]
             rss_big, t_big = peak_rss_mb(capped)
             print(

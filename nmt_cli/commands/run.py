@@ -9,7 +9,7 @@ from rich.table import Table
 
 from nmt_cli.commands.common import SET_HELP, err_console, recipe_from_cli, user_errors
 from nmt_cli.commands.prepare_progress import StageProgress
-from nmt_cli.commands.train_display import TrainDisplay, _duration
+from nmt_cli.commands.train_display import TrainDisplay, duration
 from nmt_cli.engines.run import STAGES, RunHooks, RunOptions, RunResult, StageNotice, run_recipe
 
 _STAGE_HELP = f"One of {', '.join(STAGES)}."
@@ -69,7 +69,7 @@ def results_table(result: RunResult) -> Table:
             f"{s.paper_bleu:.1f}" if s.paper_bleu is not None else "-",
             f"{s.chrf:.1f}",
             f"{result.steps:,}",
-            _duration(result.train_seconds),
+            duration(result.train_seconds),
             f"{result.parameters / 1e6:.1f}M",
         )
     return table

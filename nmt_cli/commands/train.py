@@ -51,8 +51,9 @@ def train(
             )
         finally:
             display.close()
-        err_console.print(summary_table(result))
-        typer.echo(str(result.last_checkpoint or result.run_dir / "checkpoints" / "last.pt"))
+        if result.rank == 0:
+            err_console.print(summary_table(result))
+            typer.echo(str(result.last_checkpoint or result.run_dir / "checkpoints" / "last.pt"))
 
 
 def _dry_run(cfg: RecipeConfig, size: int) -> None:

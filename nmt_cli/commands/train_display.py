@@ -18,7 +18,7 @@ from nmt_cli.engines.train_events import (
 )
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "-"
     s = int(seconds)
@@ -74,8 +74,8 @@ class TrainDisplay:
             return
         stats = (
             f"step {e.step:,}  ep {e.epoch}  loss {e.loss:.3f}  ppl {math.exp(min(e.nll, 50)):.1f}"
-            f"  lr {e.lr:.2e}  {e.tokens_per_s:,.0f} tok/s  {_duration(e.elapsed_s)}"
-            f" (left {_duration(e.remaining_s)})"
+            f"  lr {e.lr:.2e}  {e.tokens_per_s:,.0f} tok/s  {duration(e.elapsed_s)}"
+            f" (left {duration(e.remaining_s)})"
         )
         if e.skipped:
             stats += f"  skipped {e.skipped}"
@@ -90,7 +90,7 @@ class TrainDisplay:
             figures += f"  bleu {e.dev_bleu:.1f}"
         best = "  [green]best[/]" if e.best else ""
         self.console.print(
-            f"step {e.step:>8,}  {_duration(e.elapsed_s)}{figures}{best}  -> {where}",
+            f"step {e.step:>8,}  {duration(e.elapsed_s)}{figures}{best}  -> {where}",
             highlight=False,
             soft_wrap=True,
         )
@@ -106,7 +106,7 @@ def summary_table(result: TrainResult) -> Table:
     table.add_row("run directory", str(result.run_dir))
     table.add_row("steps", f"{result.steps:,}")
     table.add_row("stopped by", result.stopped_by.replace("_", " "))
-    table.add_row("training time", _duration(result.elapsed_s))
+    table.add_row("training time", duration(result.elapsed_s))
     if result.final_dev_loss is not None:
         table.add_row("final dev loss", f"{result.final_dev_loss:.3f} (label-smoothed)")
     if result.final_dev_ppl is not None:

@@ -81,6 +81,17 @@ def max_output_lengths(
     return limit
 
 
+def batch_bucket(n: int) -> int:
+    """The number of sentence slots a batch keeps for `n` open sentences: 1, 2, 4, 8, then
+    multiples of 8. Finished sentences leave the batch, but only in these steps: every new
+    batch shape makes oneDNN build (and cache, with a reordered copy of the weights) new
+    kernels, which cost time and made the memory of a long bf16 run grow with its input.
+    At most 7 finished sentences ride along as filler."""
+    if n <= 8:
+        return 1 << max(0, (n - 1).bit_length())
+    return -(-n // 8) * 8
+
+
 def _max_positions(model: Any) -> int | None:
     cfg = getattr(model, "cfg", None)
     value = getattr(cfg, "max_positions", None)
@@ -231,12 +242,19 @@ class _BeamSearch:
             if bool(done.any()):
                 if bool(done.all()):
                     break
-                keep = (~done).nonzero().squeeze(1)
-                rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)
-                cache.reorder(rows, cross=True)
-                src_mask = src_mask.index_select(0, rows)
-                sent_ids, cum = sent_ids[keep], cum[keep]
-                history, tokens = history[rows], tokens[rows]
+                # A finished sentence's slots close; it leaves the batch once the open
+                # ones fit a smaller bucket (see batch_bucket), until then it is filler.
+                cum = cum.masked_fill(done[:, None], -math.inf)
+                n_open = int((~done).sum())
+                target = batch_bucket(n_open)
+                if target < sent_ids.numel():
+                    filler = done.nonzero().squeeze(1)[: target - n_open]
+                    keep = torch.cat([(~done).nonzero().squeeze(1), filler]).sort().values
+                    rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)
+                    cache.reorder(rows, cross=True)
+                    src_mask = src_mask.index_select(0, rows)
+                    sent_ids, cum = sent_ids[keep], cum[keep]
+                    history, tokens = history[rows], tokens[rows]
             n_act = sent_ids.numel()
             lprobs, _ = model.decode_step(tokens, memory, src_mask, cache)
             _mask_specials(lprobs)

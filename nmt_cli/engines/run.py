@@ -26,7 +26,7 @@ from nmt_cli.engines.average import average_checkpoints, select_last
 from nmt_cli.engines.prepare import Progress, prepare, prepare_from_data_config
 from nmt_cli.engines.score import ScoreSettings, score_lines
 from nmt_cli.engines.train import EventSink, TrainOptions, train
-from nmt_cli.engines.translate import translate_lines
+from nmt_cli.engines.translate import set_threads, translate_lines
 from nmt_cli.errors import NmtError
 
 STAGES = ("prepare", "train", "average", "translate", "score")
@@ -132,8 +132,17 @@ def _prepare(recipe: RecipeConfig, hooks: RunHooks) -> str:
     return "up to date" if done.up_to_date else f"wrote {done.out}"
 
 
+class RunInterrupted(NmtError):
+    """Training stopped on a signal: the later stages must not run on a partial model."""
+
+
 def _train(recipe: RecipeConfig, options: RunOptions, hooks: RunHooks) -> str:
     done = train(recipe, TrainOptions(gpus=options.gpus, procs=options.procs), hooks.train)
+    if done.stopped_by == "signal":
+        raise RunInterrupted(
+            f"training interrupted at step {done.steps:,} (checkpoint saved); "
+            "rerun the same command to continue"
+        )
     return f"{done.steps:,} steps, stopped by {done.stopped_by}"
 
 
@@ -175,12 +184,13 @@ def _translate(recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path]) ->
     if not source.is_file():
         raise NmtError(f"{data.root}: no raw test text ({source.name}); rerun nmt prepare")
     lines = source.read_text(encoding="utf-8").splitlines()
+    _, workers = set_threads(recipe.decode.threads, recipe.decode.workers)
     wrote = []
     for label, ckpt_path in systems.items():
         out = _hyp_path(run_dir, label)
         if not ckpt_path.is_file() or _up_to_date(out, [ckpt_path]):
             continue
-        hyps = translate_lines(load_checkpoint(ckpt_path), lines, recipe.decode)
+        hyps = translate_lines(load_checkpoint(ckpt_path), lines, recipe.decode, workers=workers)
         atomic_write_text(out, "".join(h + "\n" for h in hyps))
         wrote.append(out.name)
     return f"{len(lines):,} sentences -> {', '.join(wrote) or 'up to date'}"

@@ -79,6 +79,17 @@ class RunDir:
             path.unlink(missing_ok=True)
         return old
 
+    def remove_partial_writes(self) -> list[Path]:
+        """Delete temporary files that a killed writer left behind (never a finished file:
+        those are renamed into place only once complete)."""
+        removed = []
+        for folder in (self.root, self.checkpoints):
+            if folder.is_dir():
+                for path in folder.glob(".*.tmp"):
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+        return removed
+
     def copy_to_best(self, source: Path) -> None:
         with atomic_path(self.best) as tmp:
             shutil.copyfile(source, tmp)

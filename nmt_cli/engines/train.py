@@ -38,6 +38,7 @@ from nmt_cli.core.vocab import PAD_ID, VocabPair
 from nmt_cli.data_dir import PreparedData, open_data_dir
 from nmt_cli.engines.distributed import DistContext, LaunchSpec, check_devices, launch
 from nmt_cli.engines.run_dir import RunDir
+from nmt_cli.engines.threads import ThreadTuner
 from nmt_cli.engines.train_events import (
     BatchSplit,
     CheckpointSaved,
@@ -46,7 +47,7 @@ from nmt_cli.engines.train_events import (
     TrainEvent,
     TrainStarted,
 )
-from nmt_cli.engines.train_step import Updater, resolve_precision
+from nmt_cli.engines.train_step import Updater, UpdateStats, resolve_precision
 from nmt_cli.engines.validate import DevFigures, DevSet, dev_loss, greedy_bleu
 from nmt_cli.errors import NmtError
 
@@ -75,6 +76,7 @@ class TrainResult:
     final_dev_ppl: float | None  # exp(dev nll)
     stopped_by: str  # max_steps, max_epochs, max_time or signal
     skipped_updates: int
+    rank: int = 0  # under torchrun every rank returns; only rank 0 should report
 
 
 def derive_split(train: TrainConfig, world: int) -> BatchSplit:
@@ -134,6 +136,7 @@ def train(
     is_rank0 = int(os.environ.get("RANK", "0")) == 0
     if is_rank0:
         run.acquire_lock()
+        run.remove_partial_writes()  # safe: the lock says no other writer is alive
     try:
         result: TrainResult = launch(spec, _train_rank, (recipe, run.root, options), (on_event,))
         return result
@@ -178,6 +181,37 @@ class _Position:
     best_dev_loss: float | None = None
 
 
+class _Meter:
+    """Throughput over the last 20 updates, and loss sums since the last metrics record."""
+
+    def __init__(self) -> None:
+        self.window: deque[tuple[float, int]] = deque(maxlen=20)
+        self.loss = self.nll = 0.0
+        self.tokens = 0
+
+    def add(self, seconds: float, update_tokens: int, stats: UpdateStats) -> None:
+        self.window.append((seconds, update_tokens))
+        if not stats.skipped:
+            self.loss += stats.loss_sum
+            self.nll += stats.nll_sum
+            self.tokens += stats.tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(n for _, n in self.window) / max(sum(t for t, _ in self.window), 1e-9)
+
+    @property
+    def seconds_per_update(self) -> float:
+        return sum(t for t, _ in self.window) / max(len(self.window), 1)
+
+    def take(self) -> tuple[float, float]:
+        """(loss, nll) per token since the last call."""
+        loss, nll = self.loss / self.tokens, self.nll / self.tokens
+        self.loss = self.nll = 0.0
+        self.tokens = 0
+        return loss, nll
+
+
 class _Trainer:
     """Rank-local training state and the loop; rank 0 also writes and reports."""
 
@@ -191,6 +225,7 @@ class _Trainer:
     ) -> None:
         self.ctx, self.recipe, self.run = ctx, recipe, run
         self.max_nonfinite = max_nonfinite
+        self.consecutive_bad = 0
         self.tc = recipe.train
         self.on_event = on_event if ctx.is_main else None
         self.data: PreparedData = open_data_dir(recipe.data.dir)
@@ -479,14 +514,15 @@ class _Trainer:
         )
         if tc.max_steps and self.pos.step >= tc.max_steps:
             return "max_steps"
-        consecutive_bad = 0
-        window: deque[tuple[float, int]] = deque(maxlen=20)
-        interval: list[float] = [0.0, 0.0, 0]  # loss, nll, tokens since the last log
+        meter = _Meter()
+        tuner = self._thread_tuner()
         last_save = time.monotonic()
         attempts = self.pos.step + self.pos.skipped
         stopped_by = "max_epochs"
         with _StopRequest() as stop:
             for plan, update in self._updates():
+                if tuner is not None:
+                    tuner.before_update()
                 t0 = time.monotonic()
                 lr = paper_learning_rate(
                     self.pos.step + 1, self.cfg.d_model, tc.warmup_steps, tc.lr_scale
@@ -499,84 +535,29 @@ class _Trainer:
                 )
                 attempts += 1
                 self.pos.batches_done = min(len(plan.batches), (update + 1) * plan.slots)
-                if stats.skipped:
-                    self.pos.skipped += 1
-                    consecutive_bad += 1
-                    self.emit(
-                        Notice(
-                            f"step {self.pos.step + 1}: non-finite gradient (norm "
-                            f"{stats.grad_norm}), update skipped ({self.pos.skipped} so far)",
-                            warning=True,
-                        )
-                    )
-                    if consecutive_bad >= self.max_nonfinite:
-                        raise NmtError(
-                            f"training stopped: {consecutive_bad} updates in a row had "
-                            "non-finite gradients; the last good checkpoint is "
-                            f"{self.run.last}. Lower train.lr_scale, set train.clip_norm, "
-                            "or use precision bf16/fp32 instead of fp16"
-                        )
-                else:
-                    consecutive_bad = 0
-                    self.pos.step += 1
-                dt = time.monotonic() - t0
+                self._count(stats)
                 self._tick()
-                window.append((dt, plan.update_tgt_tokens(update)))
-                tokens_per_s = sum(n for _, n in window) / max(sum(t for t, _ in window), 1e-9)
-                if not stats.skipped:
-                    interval[0] += stats.loss_sum
-                    interval[1] += stats.nll_sum
-                    interval[2] += stats.tokens
-                tokens = max(stats.tokens, 1)
-                self.emit(
-                    StepDone(
-                        step=self.pos.step,
-                        epoch=self.pos.epoch + 1,
-                        loss=stats.loss_sum / tokens,
-                        nll=stats.nll_sum / tokens,
-                        lr=lr,
-                        grad_norm=stats.grad_norm,
-                        tokens_per_s=tokens_per_s,
-                        elapsed_s=self.pos.elapsed_s,
-                        remaining_s=self._remaining(window),
-                        skipped=self.pos.skipped,
-                    )
-                )
-                if (
-                    tc.log_interval_steps
-                    and self.pos.step % tc.log_interval_steps == 0
-                    and (interval[2])
-                ):
-                    nll = interval[1] / interval[2]
-                    self._log(
-                        {
-                            "type": "train",
-                            "step": self.pos.step,
-                            "epoch": self.pos.epoch + 1,
-                            "loss": interval[0] / interval[2],
-                            "nll": nll,
-                            "ppl": math.exp(min(nll, 100.0)),
-                            "lr": lr,
-                            "tokens_per_s": tokens_per_s,
-                            "elapsed_s": self.pos.elapsed_s,
-                        }
-                    )
-                    interval = [0.0, 0.0, 0]
+                seconds = time.monotonic() - t0
+                meter.add(seconds, plan.update_tgt_tokens(update), stats)
+                if tuner is not None:
+                    self._retune(tuner, plan.update_tgt_tokens(update), seconds)
+                self._report(stats, lr, meter)
                 # Decisions that depend on a clock or a signal are rank 0's (or any rank's
                 # signal), agreed on by every rank so that all stop at the same update.
-                now = time.monotonic()
                 time_due = bool(
-                    tc.save_interval_minutes and now - last_save >= tc.save_interval_minutes * 60
+                    tc.save_interval_minutes
+                    and time.monotonic() - last_save >= tc.save_interval_minutes * 60
                 )
                 out_of_time = bool(
                     tc.max_time_minutes and self.pos.elapsed_s >= tc.max_time_minutes * 60
                 )
-                flags = [
-                    float(stop.signal is not None),
-                    float(time_due and self.ctx.is_main),
-                    float(out_of_time and self.ctx.is_main),
-                ]
-                signalled, time_due_f, out_of_time_f = self.ctx.all_max(flags)
+                signalled, time_due_all, out_of_time_all = self.ctx.all_max(
+                    [
+                        float(stop.signal is not None),
+                        float(time_due and self.ctx.is_main),
+                        float(out_of_time and self.ctx.is_main),
+                    ]
+                )
                 steps_due = bool(
                     tc.save_interval_steps
                     and not stats.skipped
@@ -587,18 +568,94 @@ class _Trainer:
                     self.save(validate=False)
                     self.emit(Notice("interrupted: saved checkpoints/last.pt; rerun to resume"))
                     return "signal"
-                if finished or out_of_time_f:
+                if finished or out_of_time_all:
                     stopped_by = "max_steps" if finished else "max_time"
                     break
-                if steps_due or time_due_f:
+                if steps_due or time_due_all:
                     self.save(validate=True)
                     last_save = time.monotonic()
         # A final step checkpoint (with dev figures) unless this step already has one.
         self.save(validate=not self.run.step_path(self.pos.step).is_file())
         return stopped_by
 
-    def _remaining(self, window: deque[tuple[float, int]]) -> float | None:
-        per_step = sum(t for t, _ in window) / max(len(window), 1)
+    def _thread_tuner(self) -> ThreadTuner | None:
+        """Only when the recipe leaves the thread count to us (train.threads = 0) and one
+        CPU process trains: an explicit count is kept, and is reproducible."""
+        if self.ctx.device.type != "cpu" or self.ctx.distributed or self.tc.threads:
+            return None
+        most = torch.get_num_threads()
+        return ThreadTuner(most) if most > 1 else None
+
+    def _retune(self, tuner: ThreadTuner, tokens: int, seconds: float) -> None:
+        changed = tuner.after_update(tokens, seconds)
+        if changed is None:
+            return
+        rates = ", ".join(f"{n} thread(s) {r:,.0f} tok/s" for n, r in sorted(tuner.rate.items()))
+        why = (
+            "other processes compete for the cores"
+            if changed < max(tuner.options)
+            else "the cores are free again"
+        )
+        self.emit(Notice(f"CPU threads: now {changed} ({rates}); {why}"))
+
+    def _count(self, stats: UpdateStats) -> None:
+        """Advance the step, or count a skipped (non-finite) update and give up after
+        `max_nonfinite` in a row."""
+        if not stats.skipped:
+            self.consecutive_bad = 0
+            self.pos.step += 1
+            return
+        self.pos.skipped += 1
+        self.consecutive_bad += 1
+        self.emit(
+            Notice(
+                f"step {self.pos.step + 1}: non-finite gradient (norm {stats.grad_norm}), "
+                f"update skipped ({self.pos.skipped} so far)",
+                warning=True,
+            )
+        )
+        if self.consecutive_bad >= self.max_nonfinite:
+            raise NmtError(
+                f"training stopped: {self.consecutive_bad} updates in a row had non-finite "
+                f"gradients; the last good checkpoint is {self.run.last}. Lower "
+                "train.lr_scale, set train.clip_norm, or use precision bf16/fp32 instead of fp16"
+            )
+
+    def _report(self, stats: UpdateStats, lr: float, meter: _Meter) -> None:
+        tokens = max(stats.tokens, 1)
+        self.emit(
+            StepDone(
+                step=self.pos.step,
+                epoch=self.pos.epoch + 1,
+                loss=stats.loss_sum / tokens,
+                nll=stats.nll_sum / tokens,
+                lr=lr,
+                grad_norm=stats.grad_norm,
+                tokens_per_s=meter.tokens_per_s,
+                elapsed_s=self.pos.elapsed_s,
+                remaining_s=self._remaining(meter),
+                skipped=self.pos.skipped,
+            )
+        )
+        log_every = self.tc.log_interval_steps
+        if log_every and self.pos.step % log_every == 0 and meter.tokens:
+            loss, nll = meter.take()
+            self._log(
+                {
+                    "type": "train",
+                    "step": self.pos.step,
+                    "epoch": self.pos.epoch + 1,
+                    "loss": loss,
+                    "nll": nll,
+                    "ppl": math.exp(min(nll, 100.0)),
+                    "lr": lr,
+                    "tokens_per_s": meter.tokens_per_s,
+                    "elapsed_s": self.pos.elapsed_s,
+                }
+            )
+
+    def _remaining(self, meter: _Meter) -> float | None:
+        per_step = meter.seconds_per_update
         estimates = []
         if self.tc.max_steps:
             estimates.append(max(0, self.tc.max_steps - self.pos.step) * per_step)
@@ -651,4 +708,5 @@ def _train_rank(
         final_dev_ppl=trainer.final_dev.ppl if trainer.final_dev else None,
         stopped_by=stopped_by,
         skipped_updates=trainer.pos.skipped,
+        rank=ctx.rank,
     )

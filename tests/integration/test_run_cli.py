@@ -95,3 +95,19 @@ def test_bad_stage_names_are_refused(tmp_path: Path) -> None:
     assert "unknown stage 'deploy'" in result.output
     result = runner.invoke(app, _args(tmp_path, "--from", "score", "--until", "train"))
     assert result.exit_code == 1
+
+
+def test_interrupted_training_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nmt_cli.engines.run as run_engine
+    from nmt_cli.engines.train import TrainResult
+
+    def interrupted(*_: object, **__: object) -> TrainResult:
+        return TrainResult(tmp_path, 7, 1.0, None, None, None, None, "signal", 0)
+
+    monkeypatch.setattr(run_engine, "train", interrupted)
+    result = runner.invoke(app, _args(tmp_path))
+    assert result.exit_code == 1
+    assert "interrupted at step 7" in result.output
+    assert not (tmp_path / "run" / "average.pt").exists()

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from translation_ckpt import (
     COPY_POOL,
     copy_checkpoint,
@@ -24,7 +25,7 @@ from typer.testing import CliRunner
 from nmt_cli.cli import app
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.translate import Translator, read_chunks, translate_lines
+from nmt_cli.engines.translate import Translator, read_chunks, set_threads, translate_lines
 
 runner = CliRunner()
 
@@ -223,3 +224,14 @@ def test_interactive_user_is_answered_before_input_ends(copier: Path) -> None:
         assert proc.wait(timeout=30) == 0
     finally:
         proc.kill()
+
+
+def test_thread_layout_gives_each_batch_its_own_threads() -> None:
+    before = torch.get_num_threads()
+    try:
+        assert set_threads(2, 0) == (2, 2) and torch.get_num_threads() == 1
+        assert set_threads(4, 2) == (4, 2) and torch.get_num_threads() == 2
+        assert set_threads(3, 1) == (3, 1) and torch.get_num_threads() == 3
+        assert set_threads(1, 5) == (1, 1) and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

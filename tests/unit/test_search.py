@@ -4,6 +4,7 @@ and exact decoding by a tiny model trained here to reverse sequences."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from torch import Tensor
 
 from nmt_cli.core.search import (
     Hypothesis,
+    batch_bucket,
     beam_search,
     greedy_search,
     length_penalty_value,
@@ -20,6 +22,18 @@ from nmt_cli.core.search import (
 from nmt_cli.core.transformer import ModelConfig, Transformer
 
 EOS, A, B = 3, 4, 5
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Decoding tiny models is thousands of tiny operations: one thread is fastest, and on
+    a busy 2-core machine two threads per operation can be 10-100x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 Table = dict[tuple[int, ...], dict[int, float]]
 
 
@@ -149,6 +163,20 @@ def test_maximum_length_forces_the_end(batch: Tensor) -> None:
         assert [h[0].tokens for h in results] == [[A] * n for n in limits]
     assert max_output_lengths(torch.tensor([[4, 5, 6, 3, 0]]), 1.0, 50, 1024).tolist() == [53]
     assert max_output_lengths(torch.tensor([[4, 5, 6, 3, 0]]), 1.0, 50, 20).tolist() == [19]
+
+
+def test_finished_sentences_leave_the_batch_in_few_shapes() -> None:
+    assert [batch_bucket(n) for n in range(1, 10)] == [1, 2, 4, 4, 8, 8, 8, 8, 16]
+    assert batch_bucket(121) == 128 and batch_bucket(128) == 128
+    # Sentences whose length limits differ finish at different steps (limits 1, 2, 3, 6:
+    # |source| + b with b = 0); the batch keeps finished ones as filler (3 open -> 4 slots)
+    # and each sentence still gets exactly its own hypotheses.
+    babbler = ScriptedModel({}, vocab=30, default={A: 0.9, EOS: 0.1})
+    src = torch.tensor([[A, EOS, 0, 0, 0, 0, 0], [A, A, EOS, 0, 0, 0, 0],
+                        [A, A, A, EOS, 0, 0, 0], [B] * 6 + [EOS]])  # fmt: skip
+    # alpha 1: each token costs ln .9 but raises the penalty, so the longest ending wins.
+    results = beam_search(babbler, src, beam_size=2, length_penalty=1.0, max_len_b=0)
+    assert [tokens(h) for h in results] == [[[A]], [[A, A]], [[A] * 3], [[A] * 6]]
 
 
 def test_nbest_larger_than_beam_is_refused() -> None:

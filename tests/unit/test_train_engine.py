@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from nmt_cli.core.vocab import train_sentencepiece
 from nmt_cli.engines import train_step
 from nmt_cli.engines.run_dir import RunDir, RunDirLocked
 from nmt_cli.engines.train import TrainOptions, derive_split, train
-from nmt_cli.engines.train_events import StepDone, TrainEvent, TrainStarted
+from nmt_cli.engines.train_events import Notice, StepDone, TrainEvent, TrainStarted
 from nmt_cli.errors import NmtError
 
 
@@ -121,8 +122,13 @@ def test_live_lock_refuses_and_stale_lock_is_taken_over(data: Path, tmp_path: Pa
     finally:
         live.kill()
         live.wait()
-    # Now that process is dead: its lock is stale and is taken over.
+    # Now that process is dead: its lock is stale and is taken over, and the temporary
+    # file its kill left mid-write is cleaned up.
+    (run.root / "checkpoints").mkdir()
+    torn = run.root / "checkpoints" / ".last.pt.abc123.tmp"
+    torn.write_bytes(b"half a checkpoint")
     assert train(recipe).steps == 1
+    assert not torn.exists()
     assert not run.lock_file.exists()
 
 
@@ -170,3 +176,27 @@ def test_stops_on_max_epochs_and_on_max_time(data: Path, tmp_path: Path) -> None
     assert by_epochs.steps == 2 * started.updates_per_epoch
     by_time = train(tiny_recipe(data, tmp_path / "time", max_steps=0, max_time_minutes=1e-6))
     assert by_time.stopped_by == "max_time" and by_time.steps == 1
+
+
+def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
+    if not train_step.cpu_supports_bf16():
+        pytest.skip("this CPU has no native bf16")
+    events: list[TrainEvent] = []
+    result = train(tiny_recipe(data, tmp_path / "run", precision="auto"), on_event=events.append)
+    assert next(e for e in events if isinstance(e, TrainStarted)).precision == "bf16"
+    assert result.steps == 6 and result.skipped_updates == 0
+    assert result.final_dev_loss is not None and math.isfinite(result.final_dev_loss)
+
+
+def test_tensorboard_asked_for_but_missing_is_a_notice(data: Path, tmp_path: Path) -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("tensorboard is installed here")
+    events: list[TrainEvent] = []
+    recipe = tiny_recipe(data, tmp_path / "run", max_steps=1, tensorboard=True)
+    assert train(recipe, on_event=events.append).steps == 1
+    notices = [e for e in events if isinstance(e, Notice)]
+    assert any("tensorboard is not installed" in n.text for n in notices)
