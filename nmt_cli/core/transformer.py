@@ -206,7 +206,7 @@ class MultiHeadAttention(nn.Module):
         elif self.training and q.device.type == "cpu":
             # Training on a CPU with sentence-length sequences: the fused kernel's backward
             # pass is 1.5-3x slower than the written-out form, whose score matrices are
-            # small (measured in bench/results/train.md).
+            # small (measured in BENCHMARKS.md).
             ctx, _ = self._explicit(q, k, v, key_mask, causal, dropout_p)
         else:
             ctx = F.scaled_dot_product_attention(

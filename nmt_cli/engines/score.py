@@ -123,13 +123,14 @@ def _moses(lang: str) -> Any:
 
 
 def paper_tokenize(lines: Sequence[str], lang: str) -> list[str]:
-    """Moses tokenization, then hyphenated compounds split as tensor2tensor's
-    get_ende_bleu.sh does (`s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`)."""
+    """Moses tokenization, then, for German, hyphenated compounds split as
+    tensor2tensor's get_ende_bleu.sh does (`s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`); the
+    paper's other language pair was scored on tokenized text without that step."""
     tok = _moses(lang)
-    return [
-        _COMPOUND.sub(r"\1 ##AT##-##AT## \2", tok.tokenize(line, return_str=True, escape=True))
-        for line in lines
-    ]
+    tokenized = [tok.tokenize(line, return_str=True, escape=True) for line in lines]
+    if lang != "de":
+        return tokenized
+    return [_COMPOUND.sub(r"\1 ##AT##-##AT## \2", line) for line in tokenized]
 
 
 def _score(metric: Metric, name: str, hyps: Sequence[str], refs: Any, n: int) -> MetricScore:
@@ -187,7 +188,8 @@ def score_lines(
             tok_refs,
             n,
         )
-        signature = f"tok:moses-{settings.lang}+compound-split|{paper.signature}"
+        split = "+compound-split" if settings.lang == "de" else ""
+        signature = f"tok:moses-{settings.lang}{split}|{paper.signature}"
         metrics.append(
             MetricScore(paper.name, paper.score, signature, paper.detail, paper.mean, paper.ci)
         )

@@ -3,7 +3,7 @@
 On a quiet machine all cores train fastest (two threads are ~2x one here). When other
 processes compete for the cores, OpenMP threads spin at every barrier waiting for a
 descheduled partner, and two threads can become 10x slower than one (measured in
-bench/results/train.md). Which case holds can change during a run, so every
+BENCHMARKS.md). Which case holds can change during a run, so every
 `probe_every` updates one update runs with the other thread count, and the trainer keeps
 whichever has recently been faster by a margin.
 """

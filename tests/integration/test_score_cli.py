@@ -59,6 +59,11 @@ def test_paper_tokenization_splits_hyphenated_compounds() -> None:
     assert paper_tokenize(["Ein Haus-Boot, bitte."], "de") == [
         "Ein Haus ##AT##-##AT## Boot , bitte ."
     ]
+    # Compound splitting is the paper's EN-DE procedure only.
+    assert paper_tokenize(["Un arc-en-ciel."], "fr") == ["Un arc-en-ciel ."]
+    result = score_lines(HYPS, [REFS], ScoreSettings(paper=True, lang="fr"))
+    assert result.paper_bleu is not None
+    assert result.paper_bleu.signature.startswith("tok:moses-fr|")
 
 
 def test_paper_bleu_is_bleu_on_tokenized_compound_split_text() -> None:
