@@ -19,10 +19,10 @@ import time
 import numpy as np
 import torch
 
-from nmt_cli.core.batching import Batch, length_grouped_batches
+from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
-from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.core.vocab import PAD_ID
 from nmt_cli.engines.train_step import Updater
 
 MODELS = {
@@ -39,22 +39,10 @@ def wmt_like_batches(vocab: int, max_tokens: int, count: int, device: torch.devi
     n = 200_000
     src_len = np.clip(rng.normal(27, 12, n).round(), 3, 120).astype(np.int64)
     tgt_len = np.clip((src_len * rng.normal(1.05, 0.15, n)).round(), 3, 130).astype(np.int64)
-    out = []
-    for idx in length_grouped_batches(src_len, tgt_len, max_tokens, seed=0, epoch=0)[:count]:
-        s, t = int(src_len[idx].max()) + 1, int(tgt_len[idx].max()) + 1
-        src = torch.full((len(idx), s), PAD_ID, dtype=torch.long)
-        tin = torch.full((len(idx), t), PAD_ID, dtype=torch.long)
-        tout = torch.full((len(idx), t), PAD_ID, dtype=torch.long)
-        for row, i in enumerate(idx):
-            a, b = int(src_len[i]), int(tgt_len[i])
-            src[row, :a] = torch.from_numpy(rng.integers(4, vocab, a))
-            src[row, a] = EOS_ID
-            ids = torch.from_numpy(rng.integers(4, vocab, b))
-            tin[row, 0], tin[row, 1 : b + 1] = BOS_ID, ids
-            tout[row, :b], tout[row, b] = ids, EOS_ID
-        batch = Batch(src, tin, tout, int((src_len[idx] + 1).sum()), int((tgt_len[idx] + 1).sum()))
-        out.append(batch.to(device))
-    return out
+    src = [rng.integers(4, vocab, int(n)) for n in src_len]
+    tgt = [rng.integers(4, vocab, int(n)) for n in tgt_len]
+    groups = length_grouped_batches(src_len, tgt_len, max_tokens, seed=0, epoch=0)
+    return [collate(src, tgt, idx).to(device) for idx in groups[:count]]
 
 
 def train_flops(cfg: ModelConfig, batch: Batch) -> float:

@@ -20,6 +20,7 @@ longer than its stored sequence.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,8 +152,13 @@ class Batch:
         )
 
 
-def collate(src: TokenStore, tgt: TokenStore, indices: np.ndarray) -> Batch:
-    """Build the padded tensors of the examples `indices` (see the module conventions)."""
+def collate(
+    src: TokenStore | Sequence[np.ndarray],
+    tgt: TokenStore | Sequence[np.ndarray],
+    indices: np.ndarray,
+) -> Batch:
+    """Build the padded tensors of the examples `indices` (see the module conventions);
+    the sides are token stores or, in benchmarks, in-memory lists of id arrays."""
     idx = [int(i) for i in indices]
     src_seqs = [src[i] for i in idx]
     tgt_seqs = [tgt[i] for i in idx]

@@ -127,8 +127,10 @@ def test_sigkill_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path) -> 
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    # Step checkpoints are written before last.pt, so once step 6 exists, last.pt holds at
+    # least step 4 (whatever moment the kill lands in).
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (run / "checkpoints/step_00000004.pt").is_file():
+    while time.monotonic() < deadline and not (run / "checkpoints/step_00000006.pt").is_file():
         time.sleep(0.1)
     proc.kill()  # SIGKILL: no chance to save or to remove the lock
     proc.wait()
