@@ -19,6 +19,10 @@ import time
 import numpy as np
 import torch
 
+# The same FLOP count as the CPU benchmark beside this file (run as a script, bench/ is on
+# the import path).
+from bench_train import train_flops
+
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
@@ -43,17 +47,6 @@ def wmt_like_batches(vocab: int, max_tokens: int, count: int, device: torch.devi
     tgt = [rng.integers(4, vocab, int(n)) for n in tgt_len]
     groups = length_grouped_batches(src_len, tgt_len, max_tokens, seed=0, epoch=0)
     return [collate(src, tgt, idx).to(device) for idx in groups[:count]]
-
-
-def train_flops(cfg: ModelConfig, batch: Batch) -> float:
-    b, s = batch.src.shape
-    t = batch.tgt_in.size(1)
-    d, f = cfg.d_model, cfg.d_ff
-    enc = cfg.encoder_layers * (b * s * (8 * d * d + 4 * d * f) + 4 * b * s * s * d)
-    dec = cfg.decoder_layers * (
-        b * t * (12 * d * d + 4 * d * f) + b * s * 4 * d * d + 4 * b * t * t * d + 4 * b * t * s * d
-    )
-    return 3.0 * (enc + dec + 2 * b * t * d * cfg.tgt_vocab_size)
 
 
 def matmul_peak(device: torch.device, n: int = 8192, reps: int = 20) -> float:
