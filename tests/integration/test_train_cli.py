@@ -75,7 +75,7 @@ def test_train_resume_and_refuse_a_changed_model(setup: tuple[Path, Path]) -> No
     changed = runner.invoke(app, ["train", str(recipe), "--set", "model.n_heads=2"])
     assert changed.exit_code == 1
     text = " ".join(changed.output.split())
-    assert "error:" in text and "model.n_heads 4 -> 2" in text
+    assert "error:" in text and "model.n_heads: 4 vs 2" in text
     assert "Traceback" not in changed.output
 
 

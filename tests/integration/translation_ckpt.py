@@ -44,6 +44,7 @@ def tiny_config(vocab: VocabPair, max_positions: int = 40, d_model: int = 32) ->
         dropout=0.0,
         src_vocab_size=len(vocab.src),
         tgt_vocab_size=len(vocab.tgt),
+        joint_vocab=vocab.joint,
         max_positions=max_positions,
     )
 

@@ -12,15 +12,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
-from nmt_cli.core.batching import Batch, collate, length_grouped_batches
+from nmt_cli.core.batching import Batch, collate, length_grouped_batches, pad_sources
 from nmt_cli.core.data import TokenStore
+from nmt_cli.core.precision import autocast
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.core.vocab import EOS_ID, PAD_ID, Vocab
-from nmt_cli.engines.train_step import autocast
+from nmt_cli.core.vocab import PAD_ID, Vocab
 
 
 @dataclass(frozen=True)
@@ -112,13 +111,8 @@ def greedy_bleu(
     hyps: list[str] = []
     try:
         for lo in range(0, n, batch_size):
-            rows = [dev.src[i] for i in range(lo, min(n, lo + batch_size))]
-            width = max(len(r) for r in rows) + 1
-            arr = np.full((len(rows), width), PAD_ID, dtype=np.int64)
-            for j, r in enumerate(rows):
-                arr[j, : len(r)] = r
-                arr[j, len(r)] = EOS_ID
-            src = torch.from_numpy(arr).to(device)
+            src = pad_sources([dev.src[i] for i in range(lo, min(n, lo + batch_size))])
+            src = src.to(device)
             with autocast(precision, device):
                 results = greedy_search(model, src, max_len_a, max_len_b)
             hyps.extend(vocab.decode(r[0].tokens) for r in results)
