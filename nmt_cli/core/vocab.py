@@ -29,11 +29,6 @@ class Vocab:
         proc.LoadFromSerializedProto(model_proto)
         return cls(model_proto=bytes(model_proto), processor=proc)
 
-    @classmethod
-    def from_file(cls, path: str) -> Vocab:
-        with open(path, "rb") as fh:
-            return cls.from_proto(fh.read())
-
     def __len__(self) -> int:
         return int(self.processor.GetPieceSize())
 
@@ -44,9 +39,6 @@ class Vocab:
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> detokenized text; special ids are dropped."""
         return str(self.processor.Decode([i for i in ids if i > EOS_ID]))
-
-    def pieces(self, ids: Sequence[int]) -> list[str]:
-        return [str(self.processor.IdToPiece(i)) for i in ids]
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from nmt_cli.engines.train.run_dir import RunDir
 from nmt_cli.engines.train.step import Updater, UpdateStats
 from nmt_cli.engines.train.stop import StopPolicy, StopRequest, TrainingClock
 from nmt_cli.engines.train.threads import ThreadTuner
-from nmt_cli.engines.train.validate import DevFigures, DevSet, dev_loss, greedy_bleu
+from nmt_cli.engines.train.validate import DevFigures, Validator
 from nmt_cli.errors import NmtError
 
 
@@ -146,9 +146,6 @@ class _Trainer:
                 f"is {self.cfg.max_positions}; raise model.max_positions or lower data.max_len"
             )
         self.precision = resolve_precision(tc.precision, ctx.device, "train.precision")
-        self.dev: DevSet | None = None
-        if ctx.is_main and "valid" in self.data.splits:
-            self.dev = DevSet(*self.data.split("valid"), max_tokens=self.split.max_tokens)
         resume = load_checkpoint(run.last) if run.last.is_file() else None
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg).to(ctx.device)
@@ -186,28 +183,12 @@ class _Trainer:
             run, self.cfg, self.data.vocab, recipe.to_dict(), tc.keep_last
         )
         self.clock = TrainingClock(self.pos.elapsed_s)
-        self.final_dev: DevFigures | None = None
-
-    def _validate(self) -> DevFigures | None:
-        if self.dev is None:
-            return None
-        loss, nll = dev_loss(
-            self.model, self.dev, self.tc.label_smoothing, self.precision, self.ctx.device
+        self.validator = (
+            Validator(self.model, self.data, recipe, self.precision, ctx.device, self.split)
+            if ctx.is_main and "valid" in self.data.splits
+            else None
         )
-        bleu = None
-        if self.tc.validate_bleu_sentences > 0:
-            bleu = greedy_bleu(
-                self.model,
-                self.dev,
-                self.data.vocab.tgt,
-                self.tc.validate_bleu_sentences,
-                self.data.raw_text("valid", "tgt"),
-                self.recipe.decode.max_len_a,
-                self.recipe.decode.max_len_b,
-                self.precision,
-                self.ctx.device,
-            )
-        return DevFigures(loss, nll, bleu)
+        self.final_dev: DevFigures | None = None
 
     def save(self, validate: bool) -> None:
         """Rank 0: a step checkpoint (with dev figures, best) when `validate`, then last.pt."""
@@ -219,7 +200,7 @@ class _Trainer:
         figures: DevFigures | None = None
         best = False
         if validate:
-            figures = self._validate()
+            figures = self.validator() if self.validator is not None else None
             step_path, best = self.keeper.save_step(weights, self.pos, figures)
             self.final_dev = figures
         state = train_state(
@@ -244,7 +225,7 @@ class _Trainer:
                 split=self.split,
                 parameters=count_parameters(self.model),
                 train_pairs=len(self.feed.src),
-                dev_pairs=len(self.dev) if self.dev is not None else 0,
+                dev_pairs=len(self.validator.dev) if self.validator is not None else 0,
                 updates_per_epoch=self.feed.plan(self.pos.epoch).updates,
                 start_step=self.pos.step,
                 max_steps=tc.max_steps,

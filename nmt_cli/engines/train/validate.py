@@ -15,11 +15,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from nmt_cli.config import RecipeConfig
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches, pad_sources
 from nmt_cli.core.data import TokenStore
 from nmt_cli.core.precision import autocast
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import PAD_ID, Vocab
+from nmt_cli.data_dir import PreparedData
+from nmt_cli.engines.train.events import BatchSplit
 
 
 @dataclass(frozen=True)
@@ -119,3 +122,38 @@ def greedy_bleu(
     finally:
         model.train(was_training)
     return float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
+
+
+class Validator:
+    """The dev figures of the model being trained, as each step checkpoint records them."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        data: PreparedData,
+        recipe: RecipeConfig,
+        precision: str,
+        device: torch.device,
+        split: BatchSplit,
+    ) -> None:
+        self.model, self.data, self.recipe = model, data, recipe
+        self.precision, self.device = precision, device
+        self.dev = DevSet(*data.split("valid"), max_tokens=split.max_tokens)
+
+    def __call__(self) -> DevFigures:
+        tc, decode = self.recipe.train, self.recipe.decode
+        loss, nll = dev_loss(self.model, self.dev, tc.label_smoothing, self.precision, self.device)
+        bleu = None
+        if tc.validate_bleu_sentences > 0:
+            bleu = greedy_bleu(
+                self.model,
+                self.dev,
+                self.data.vocab.tgt,
+                tc.validate_bleu_sentences,
+                self.data.raw_text("valid", "tgt"),
+                decode.max_len_a,
+                decode.max_len_b,
+                self.precision,
+                self.device,
+            )
+        return DevFigures(loss, nll, bleu)
