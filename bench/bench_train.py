@@ -33,6 +33,7 @@ from torch import nn
 
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.flops import train_flops
+from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
@@ -103,10 +104,10 @@ def time_steps(step: object, batches: list[Batch], cfg: ModelConfig, steps: int)
 def nmt_step(cfg: ModelConfig, precision: str) -> object:
     torch.manual_seed(0)
     model = Transformer(cfg)
+    objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=False)
     updater = Updater(
-        model, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.1, PAD_ID,
-        0.0, 1,
-    )  # fmt: skip
+        objective, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.0, 1
+    )
 
     def run(batch: Batch) -> None:
         updater.update([(batch, 1.0)], batch.tgt_tokens, 1e-4, [0])

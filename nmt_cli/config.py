@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from nmt_cli.core.attention import ATTENTION_BACKENDS, AttentionBackend
 from nmt_cli.core.transformer import ModelConfig
 from nmt_cli.errors import NmtError
 
@@ -92,8 +93,20 @@ class TrainConfig:
     validate_bleu_sentences: int = 0  # greedy BLEU on the first M dev sentences; 0 = off
     tensorboard: bool = False
     threads: int = 0  # 0 = all cores
+    # torch.compile of the model: "auto" = on GPUs (where it pays), off on CPUs.
+    compile: bool | Literal["auto"] = "auto"
+    # SDPA kernels on GPUs: "auto" = flash / memory-efficient, never cuDNN's per-shape
+    # graphs; "flash", "efficient", "cudnn" or "math" to prefer one (core/attention.py).
+    attention_backend: AttentionBackend = "auto"
 
     def __post_init__(self) -> None:
+        if self.compile not in (True, False, "auto"):
+            raise ValueError(f"train.compile must be true, false or 'auto', got {self.compile!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"train.attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
         if self.batch_tokens < 1:
             raise ValueError(f"train.batch_tokens must be positive, got {self.batch_tokens}")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -252,6 +265,21 @@ def _build(cls: type[Any], raw: Any, prefix: str, source: str) -> Any:
     return cls(**kwargs)
 
 
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _describe(hint: Any) -> str:
+    """What a value of type `hint` looks like, for an error message."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return " or ".join(map(repr, typing.get_args(hint)))
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        text = " or ".join(_describe(a) for a in options)
+        return text + (" or none" if len(options) < len(typing.get_args(hint)) else "")
+    return _EXPECTED.get(hint, str(hint))
+
+
 def _check_value(value: Any, hint: Any, key: str, source: str) -> Any:
     """Return `value` if it fits `hint` (ints are accepted where floats are expected)."""
     origin = typing.get_origin(hint)
@@ -268,8 +296,8 @@ def _check_value(value: Any, hint: Any, key: str, source: str) -> Any:
                 return _check_value(value, option, key, source)
             except ConfigError:
                 continue
-        raise ConfigError(f"{source}: {key} has the wrong type ({type(value).__name__})")
-    expected = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+        raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
+    expected = _EXPECTED
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is int and isinstance(value, bool):

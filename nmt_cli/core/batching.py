@@ -15,6 +15,11 @@ normalise the loss as one large batch would) without a collective. Resuming need
 Conventions (see `nmt_cli.core.vocab`): source = ids + [EOS]; target input = [BOS] + ids;
 target output = ids + [EOS]; padding id 0 on the right. Each side is therefore one token
 longer than its stored sequence.
+
+On GPUs both sides are padded to a multiple of 8 (`multiple`): shapes then repeat, so
+kernels, their autotuning and compiled graphs are reused, and tensor-core products see
+aligned sizes. The batch cut counts that rounding, so `max_tokens` stays a true bound
+on the padded size; masking makes the extra padding change no result.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ from nmt_cli.core.data import TokenStore
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
+def round_up(width: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is at least `width`."""
+    return -(-width // multiple) * multiple
+
+
 def length_grouped_batches(
     src_lengths: np.ndarray,
     tgt_lengths: np.ndarray,
@@ -38,6 +48,7 @@ def length_grouped_batches(
     seed: int,
     epoch: int,
     shuffle: bool = True,
+    multiple: int = 1,
 ) -> list[np.ndarray]:
     """One epoch's batches: arrays of example indices, every example exactly once.
 
@@ -46,10 +57,13 @@ def length_grouped_batches(
     batch order is shuffled. A pair longer than `max_tokens` on its own gets a batch of
     its own rather than being dropped silently (prepare filters overlong pairs).
     With `shuffle=False` the order is deterministic and independent of seed and epoch
-    (for validation).
+    (for validation). With `multiple` > 1 the widths are counted rounded up to it, as
+    `collate` pads them.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    if multiple < 1:
+        raise ValueError(f"the padding multiple must be positive, got {multiple}")
     src_len = np.asarray(src_lengths, dtype=np.int64) + 1  # + EOS
     tgt_len = np.asarray(tgt_lengths, dtype=np.int64) + 1  # + BOS / EOS
     n = len(src_len)
@@ -59,6 +73,8 @@ def length_grouped_batches(
     perm = rng.permutation(n) if shuffle else np.arange(n)
     order = perm[np.lexsort((src_len[perm], tgt_len[perm]))]  # stable: ties keep perm order
     longest = np.maximum(src_len, tgt_len)[order]
+    if multiple > 1:
+        longest = -(-longest // multiple) * multiple
     # Sorted by target length, so a batch's longest side is (nearly) its last element;
     # the running maximum handles the source side exactly.
     bounds: list[int] = [0]
@@ -126,8 +142,11 @@ def plan_epoch(
     world: int = 1,
     accum: int = 1,
     shuffle: bool = True,
+    multiple: int = 1,
 ) -> EpochPlan:
-    batches = length_grouped_batches(src_lengths, tgt_lengths, max_tokens, seed, epoch, shuffle)
+    batches = length_grouped_batches(
+        src_lengths, tgt_lengths, max_tokens, seed, epoch, shuffle, multiple
+    )
     src_len = np.asarray(src_lengths, dtype=np.int64) + 1
     tgt_len = np.asarray(tgt_lengths, dtype=np.int64) + 1
     return EpochPlan(
@@ -143,6 +162,7 @@ def real_token_fraction(
     src_lengths: np.ndarray,
     tgt_lengths: np.ndarray,
     max_tokens: int,
+    multiple: int = 1,
 ) -> float:
     """Real tokens of the larger side per padded token of `max_tokens` batches.
 
@@ -157,8 +177,11 @@ def real_token_fraction(
     if len(src) == 0:
         return 1.0
     padded = real_src = real_tgt = 0
-    for b in length_grouped_batches(src, tgt, max_tokens, seed=0, epoch=0, shuffle=False):
-        padded += len(b) * int(max(src[b].max(), tgt[b].max()) + 1)
+    batches = length_grouped_batches(
+        src, tgt, max_tokens, seed=0, epoch=0, shuffle=False, multiple=multiple
+    )
+    for b in batches:
+        padded += len(b) * round_up(int(max(src[b].max(), tgt[b].max()) + 1), multiple)
         real_src += int(src[b].sum()) + len(b)
         real_tgt += int(tgt[b].sum()) + len(b)
     return max(real_src, real_tgt) / padded
@@ -179,21 +202,36 @@ class Batch:
         return int(self.src.size(0))
 
     def to(self, device: torch.device | str) -> Batch:
-        non_blocking = torch.device(device).type == "cuda"
+        """The batch on `device`. To a GPU the copies go through page-locked memory: a
+        copy from ordinary memory may wait for the GPU's queue to drain (a hidden host
+        sync), one from page-locked memory overlaps with the work already queued."""
+        if torch.device(device).type != "cuda":
+            return Batch(
+                self.src.to(device),
+                self.tgt_in.to(device),
+                self.tgt_out.to(device),
+                self.src_tokens,
+                self.tgt_tokens,
+            )
         return Batch(
-            self.src.to(device, non_blocking=non_blocking),
-            self.tgt_in.to(device, non_blocking=non_blocking),
-            self.tgt_out.to(device, non_blocking=non_blocking),
+            _to_gpu(self.src, device),
+            _to_gpu(self.tgt_in, device),
+            _to_gpu(self.tgt_out, device),
             self.src_tokens,
             self.tgt_tokens,
         )
 
 
+def _to_gpu(t: Tensor, device: torch.device | str) -> Tensor:
+    if t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 def pad_sources(rows: Sequence[Sequence[int] | np.ndarray], multiple: int = 1) -> Tensor:
     """(B, S) source tensor: every row + EOS, right-padded with PAD to the longest row
     (rounded up to a multiple of `multiple`, so that decoding sees few distinct shapes)."""
-    width = max(len(r) for r in rows) + 1
-    width = -(-width // multiple) * multiple
+    width = round_up(max(len(r) for r in rows) + 1, multiple)
     arr = np.full((len(rows), width), PAD_ID, dtype=np.int64)
     for row, ids in enumerate(rows):
         arr[row, : len(ids)] = ids
@@ -205,14 +243,16 @@ def collate(
     src: TokenStore | Sequence[np.ndarray],
     tgt: TokenStore | Sequence[np.ndarray],
     indices: np.ndarray,
+    multiple: int = 1,
 ) -> Batch:
-    """Build the padded tensors of the examples `indices` (see the module conventions);
-    the sides are token stores or, in benchmarks, in-memory lists of id arrays."""
+    """Build the padded tensors of the examples `indices` (see the module conventions),
+    both widths rounded up to a multiple of `multiple`; the sides are token stores or,
+    in benchmarks, in-memory lists of id arrays."""
     idx = [int(i) for i in indices]
     src_seqs = [src[i] for i in idx]
     tgt_seqs = [tgt[i] for i in idx]
     b = len(idx)
-    t_len = max(len(y) for y in tgt_seqs) + 1
+    t_len = round_up(max(len(y) for y in tgt_seqs) + 1, multiple)
     tin_arr = np.full((b, t_len), PAD_ID, dtype=np.int64)
     tout_arr = np.full((b, t_len), PAD_ID, dtype=np.int64)
     src_tokens = tgt_tokens = 0
@@ -225,7 +265,7 @@ def collate(
         src_tokens += n + 1
         tgt_tokens += m + 1
     return Batch(
-        pad_sources(src_seqs),
+        pad_sources(src_seqs, multiple),
         torch.from_numpy(tin_arr),
         torch.from_numpy(tout_arr),
         src_tokens,

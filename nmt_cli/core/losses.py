@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -35,9 +36,39 @@ _GPU_CHUNK_ELEMENTS = 1 << 26  # GPU: few large chunks (kernel launches are the 
 
 
 def _chunk_rows(logits: Tensor) -> int:
-    if logits.device.type == "cpu":
+    return _rows_per_chunk(logits.device.type, logits.size(-1))
+
+
+def _rows_per_chunk(device_type: str, vocab: int) -> int:
+    if device_type == "cpu":
         return _CHUNK_ROWS
-    return max(_CHUNK_ROWS, _GPU_CHUNK_ELEMENTS // max(1, logits.size(-1)))
+    return max(_CHUNK_ROWS, _GPU_CHUNK_ELEMENTS // max(1, vocab))
+
+
+def _sweep(
+    z_in: Tensor, target: Tensor, eps: float, mask: Tensor | None, want_grad: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One chunk of logit rows: (logsumexp, mean logit, gradient or None), all in fp32.
+
+    One exp per element, shared by the loss and the softmax, on a private fp32 copy
+    (changed in place): the gradient is softmax - eps / V - (1 - eps) * onehot(target),
+    zero where `mask` is 0.
+    """
+    vocab = z_in.size(-1)
+    z = z_in.to(torch.float32, copy=True)
+    mean = z.mean(-1)
+    top = z.amax(-1, keepdim=True)
+    e = z.sub_(top).exp_()
+    total = e.sum(-1, keepdim=True)
+    lse = (top + total.log()).squeeze(-1)
+    if not want_grad:
+        return lse, mean, None
+    e.div_(total).sub_(eps / vocab)
+    rows = torch.arange(e.size(0), device=e.device)
+    e[rows, target] -= 1.0 - eps
+    if mask is not None:
+        e.mul_(mask[:, None])
+    return lse, mean, e
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -54,7 +85,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def forward(
         ctx: Any, logits: Tensor, target: Tensor, mask: Tensor, eps: float
     ) -> tuple[Tensor, Tensor]:
-        n, vocab = logits.shape
+        n = logits.size(0)
         want_grad = bool(ctx.needs_input_grad[0])
         grad = torch.empty_like(logits) if want_grad else None
         lse = torch.empty(n, dtype=torch.float32, device=logits.device)
@@ -62,31 +93,31 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         chunk = _chunk_rows(logits)
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
-            z = logits[lo:hi].to(torch.float32, copy=True)
-            mean[lo:hi] = z.mean(-1)
-            top = z.amax(-1, keepdim=True)
-            e = z.sub_(top).exp_()  # in place: z is a private copy
-            total = e.sum(-1, keepdim=True)
-            lse[lo:hi] = (top + total.log()).squeeze(-1)
-            if grad is not None:
-                # softmax - eps / V - (1 - eps) * onehot(target), zero on padding
-                e.div_(total).sub_(eps / vocab)
-                rows = torch.arange(hi - lo, device=e.device)
-                e[rows, target[lo:hi]] -= 1.0 - eps
-                e.mul_(mask[lo:hi, None])
+            lse[lo:hi], mean[lo:hi], e = _sweep(
+                logits[lo:hi], target[lo:hi], eps, mask[lo:hi], want_grad
+            )
+            if grad is not None and e is not None:
                 grad[lo:hi] = e
         z_ref = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()
-        nll = (lse - z_ref) * mask
-        smooth = (lse - mean) * mask
-        loss = (1.0 - eps) * nll + eps * smooth
+        loss, nll = _smoothed_sums(lse, mean, z_ref, mask, eps)
         if grad is not None:
             ctx.save_for_backward(grad)
-        return loss.sum(), nll.sum().detach()
+        return loss, nll
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         (grad,) = ctx.saved_tensors
         return grad * grad_loss, None, None, None  # bf16 result, fp32 scalar
+
+
+def _smoothed_sums(
+    lse: Tensor, mean: Tensor, z_ref: Tensor, mask: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    """(smoothed loss sum, nll sum) from per-row logsumexp, mean logit and target logit."""
+    nll = (lse - z_ref) * mask
+    smooth = (lse - mean) * mask
+    loss = (1.0 - eps) * nll + eps * smooth
+    return loss.sum(), nll.sum().detach()
 
 
 def label_smoothed_sums(
@@ -101,6 +132,113 @@ def label_smoothed_sums(
     flat_target = target.reshape(-1)
     mask = (flat_target != pad_id).to(torch.float32)
     loss, nll = _SmoothedCrossEntropy.apply(flat_logits, flat_target, mask, float(eps))
+    return loss, nll
+
+
+class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
+    """The output projection, the loss and both their gradients, a chunk of tokens at a
+    time: the (tokens x V) logits exist one chunk at a time and are never stored.
+
+    Per chunk: logits = h W^T, the sweep above (loss terms and the logits' gradient G,
+    rounded to the logits' dtype as the unfused path stores it), then G W and G^T h,
+    the gradients of the hidden states and of the tied embedding matrix (section 3.4).
+    Only those two, of size (tokens x D) and (V x D), wait for the backward pass, which
+    scales them by the incoming scalar. Only real tokens are projected: `rows` lists
+    them, and padding rows get zero loss and zero gradient as in the unfused path.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        mask: Tensor,
+        rows: Tensor,
+        eps: float,
+        dtype: torch.dtype,
+        chunk: int,
+    ) -> tuple[Tensor, Tensor]:
+        want_grad = bool(ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
+        n = hidden.size(0)
+        with torch.autocast(hidden.device.type, enabled=False):
+            h = hidden.index_select(0, rows).to(dtype)
+            w = weight.to(dtype)  # once, not once per chunk
+            t = target.index_select(0, rows)
+            real = h.size(0)
+            lse = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+            mean, z_ref = torch.zeros_like(lse), torch.zeros_like(lse)
+            part_lse, part_mean, part_ref = (
+                torch.empty(real, dtype=lse.dtype, device=lse.device) for _ in range(3)
+            )
+            grad_h = torch.empty_like(h) if want_grad else None
+            grad_w: Tensor | None = None
+            for lo in range(0, real, chunk):
+                hi = min(real, lo + chunk)
+                z = F.linear(h[lo:hi], w)
+                part_ref[lo:hi] = z.gather(-1, t[lo:hi, None]).squeeze(-1).float()
+                part_lse[lo:hi], part_mean[lo:hi], e = _sweep(z, t[lo:hi], eps, None, want_grad)
+                if grad_h is not None and e is not None:
+                    g = z.copy_(e)  # the logits' dtype, as the unfused path keeps its gradient
+                    grad_h[lo:hi] = g.mm(w)
+                    part = g.t().mm(h[lo:hi]).float()
+                    grad_w = part if grad_w is None else grad_w.add_(part)
+            lse.index_copy_(0, rows, part_lse)
+            mean.index_copy_(0, rows, part_mean)
+            z_ref.index_copy_(0, rows, part_ref)
+            loss, nll = _smoothed_sums(lse, mean, z_ref, mask, eps)
+        if grad_h is not None:
+            if grad_w is None:  # no real token: nothing flows back
+                grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            ctx.save_for_backward(grad_h, grad_w, rows)
+            ctx.shapes = (hidden.shape, hidden.dtype, weight.dtype)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
+        grad_h, grad_w, rows = ctx.saved_tensors
+        hidden_shape, hidden_dtype, weight_dtype = ctx.shapes
+        d_hidden = torch.zeros(hidden_shape, dtype=hidden_dtype, device=grad_h.device)
+        d_hidden.index_copy_(0, rows, (grad_h * grad_loss).to(hidden_dtype))
+        d_weight = (grad_w * grad_loss).to(weight_dtype)
+        return d_hidden, d_weight, None, None, None, None, None, None
+
+
+def projected_label_smoothed_sums(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    eps: float,
+    pad_id: int,
+    tokens: int | None = None,
+    chunk_rows: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """`label_smoothed_sums(F.linear(hidden, weight), target, ...)` without the logits.
+
+    hidden (..., D), weight (V, D), target (...). `tokens`, the number of non-padding
+    targets, comes from the batch; without it the mask is counted on the device (a host
+    sync). The logits are computed in autocast's dtype when autocast is on, as `F.linear`
+    would. On a GPU the chunks are large (the kernels' launches are the cost there); on a
+    CPU they are 64 rows and the unfused form is faster (its logits stay in cache).
+    """
+    flat_hidden = hidden.reshape(-1, hidden.size(-1))
+    flat_target = target.reshape(-1)
+    is_pad = flat_target == pad_id
+    mask = (~is_pad).to(torch.float32)
+    if tokens is None:
+        tokens = int(mask.sum().item())
+    # Real positions first, in order; a stable sort needs no host sync, unlike nonzero().
+    rows = torch.argsort(is_pad.to(torch.uint8), stable=True)[:tokens]
+    device = hidden.device.type
+    dtype = (
+        torch.get_autocast_dtype(device)
+        if torch.is_autocast_enabled(device)
+        else torch.promote_types(hidden.dtype, weight.dtype)
+    )
+    chunk = chunk_rows or _rows_per_chunk(device, weight.size(0))
+    loss, nll = _ProjectedSmoothedCrossEntropy.apply(
+        flat_hidden, weight, flat_target, mask, rows, float(eps), dtype, chunk
+    )
     return loss, nll
 
 

@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.core.attention import AttentionBackend, backend_scope, mask_kind, sdpa_backends
 from nmt_cli.core.cache import DecoderCache, LayerCache
 from nmt_cli.core.dropout import Dropout
+from nmt_cli.core.norm import LayerNorm
 
 PositionKind = Literal["sinusoidal", "learned"]
 
@@ -167,6 +169,8 @@ class MultiHeadAttention(nn.Module):
             self.kv = nn.Linear(cfg.d_model, qk + v)
         self.out = nn.Linear(v, cfg.d_model)
         self.dropout_p = cfg.attention_dropout
+        # Which SDPA kernels may run on a GPU (core/attention.py); not part of the weights.
+        self.backend: AttentionBackend = "auto"
 
     def _heads(self, x: Tensor, dim: int) -> Tensor:
         b, length, _ = x.shape
@@ -219,9 +223,11 @@ class MultiHeadAttention(nn.Module):
             # small (measured in BENCHMARKS.md).
             ctx, _ = self._explicit(q, k, v, key_mask, causal, dropout_p)
         else:
-            ctx = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=key_mask, dropout_p=dropout_p, is_causal=causal
-            )
+            kind = mask_kind(key_mask, causal)
+            with backend_scope(sdpa_backends(self.backend, q.device.type, q.dtype, kind)):
+                ctx = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=key_mask, dropout_p=dropout_p, is_causal=causal
+                )
         b, _, length, _ = ctx.shape
         ctx = ctx.transpose(1, 2).reshape(b, length, self.h * self.d_v)
         return AttentionOutput(self.out(ctx), weights)
@@ -266,8 +272,8 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(cfg, self_attention=True)
         self.ffn = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.norm1 = LayerNorm(cfg.d_model)
+        self.norm2 = LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
@@ -287,9 +293,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(cfg, self_attention=True)
         self.cross_attn = MultiHeadAttention(cfg, self_attention=False)
         self.ffn = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
-        self.norm3 = nn.LayerNorm(cfg.d_model)
+        self.norm1 = LayerNorm(cfg.d_model)
+        self.norm2 = LayerNorm(cfg.d_model)
+        self.norm3 = LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(
@@ -388,11 +394,21 @@ class Transformer(nn.Module):
         """(..., D) -> (..., V) through the tied output projection, no bias."""
         return F.linear(hidden, self.output_weight)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: (B, S), (B, T) -> logits (B, T, V)."""
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
+        """Teacher forcing: (B, S), (B, T) -> logits (B, T, V); with `project=False` the
+        decoder's last hidden states (B, T, D), for a loss that applies the output
+        projection itself chunk by chunk (`core/losses.projected_label_smoothed_sums`)."""
         src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)
-        return self.logits(self.decode(tgt_in, memory, src_mask).hidden)
+        hidden = self.decode(tgt_in, memory, src_mask).hidden
+        return self.logits(hidden) if project else hidden
+
+    def set_attention_backend(self, policy: AttentionBackend) -> None:
+        """Which SDPA kernels every attention layer may use on a GPU (core/attention.py)."""
+        sdpa_backends(policy, "cuda", torch.bfloat16, "none")  # rejects an unknown name
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.backend = policy
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache.empty(len(self.decoder))

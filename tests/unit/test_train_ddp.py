@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from train_data import ddp_update_worker, make_data_dir, tiny_recipe
 
@@ -12,10 +13,15 @@ from nmt_cli.engines.train import TrainOptions, train
 from nmt_cli.engines.train.distributed import LaunchSpec, launch
 
 
-def test_two_process_update_equals_one_process_with_twice_the_batch() -> None:
-    """Two ranks with 2 and 3 sentences make the same Adam update as one process with all
-    5: the loss is normalised by the whole update's target tokens, not per rank."""
-    max_diff = launch(LaunchSpec(procs=2, timeout_s=60), ddp_update_worker, ())
+@pytest.mark.parametrize("fused_projection", [False, True])
+def test_two_process_update_equals_one_process_with_twice_the_batch(
+    fused_projection: bool,
+) -> None:
+    """Two ranks with 2 and 3 sentences make the same update as one process with all
+    5: the loss is normalised by the whole update's target tokens, not per rank. With the
+    GPU's fused projection too: the tied weight's gradient from the loss reaches DDP."""
+    spec = LaunchSpec(procs=2, timeout_s=60)
+    max_diff = launch(spec, ddp_update_worker, (fused_projection,))
     assert max_diff < 1e-6
 
 

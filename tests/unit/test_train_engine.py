@@ -16,13 +16,13 @@ import torch
 from train_data import make_data_dir, pairs, tiny_recipe, with_model
 
 from nmt_cli.config import TrainConfig
+from nmt_cli.core import objective as objective_module
 from nmt_cli.core.batching import plan_epoch
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.precision import cpu_supports_bf16
 from nmt_cli.core.schedule import paper_learning_rate
 from nmt_cli.core.vocab import train_sentencepiece
 from nmt_cli.engines.train import TrainOptions, train
-from nmt_cli.engines.train import step as train_step
 from nmt_cli.engines.train.events import Notice, StepDone, TrainEvent, TrainStarted
 from nmt_cli.engines.train.feed import derive_split
 from nmt_cli.engines.train.run_dir import RunDir, RunDirLocked
@@ -161,13 +161,13 @@ def test_live_lock_refuses_and_stale_lock_is_taken_over(data: Path, tmp_path: Pa
 def test_repeated_non_finite_updates_stop_with_a_clear_error(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = train_step.label_smoothed_sums
+    real = objective_module.label_smoothed_sums
 
     def nan_loss(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
         loss, nll = real(*args)  # type: ignore[arg-type]
         return loss * float("nan"), nll
 
-    monkeypatch.setattr(train_step, "label_smoothed_sums", nan_loss)
+    monkeypatch.setattr(objective_module, "label_smoothed_sums", nan_loss)
     recipe = tiny_recipe(data, tmp_path / "run", max_steps=50)
     with pytest.raises(NmtError, match="3 updates in a row had non-finite"):
         train(recipe, TrainOptions(max_nonfinite=3))
@@ -179,7 +179,7 @@ def test_out_of_memory_names_the_batch_and_what_to_lower(
     def oom(*args: object) -> None:
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 9 GB")
 
-    monkeypatch.setattr(train_step, "label_smoothed_sums", oom)
+    monkeypatch.setattr(objective_module, "label_smoothed_sums", oom)
     with pytest.raises(NmtError, match=r"sentences x .* lower train\.max_tokens"):
         train(tiny_recipe(data, tmp_path / "run"))
 

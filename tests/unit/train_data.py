@@ -22,6 +22,7 @@ import torch
 from nmt_cli.config import DataConfig, RecipeConfig, TrainConfig
 from nmt_cli.core.batching import Batch, collate
 from nmt_cli.core.data import TokenStore, TokenStoreWriter
+from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import Vocab, train_sentencepiece
 from nmt_cli.engines.train.distributed import DistContext
@@ -124,10 +125,11 @@ def with_model(recipe: RecipeConfig, **changes: object) -> RecipeConfig:
     return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, **changes))  # type: ignore[arg-type]
 
 
-def ddp_update_worker(ctx: DistContext) -> float:
+def ddp_update_worker(ctx: DistContext, fused_projection: bool = False) -> float:
     """Each of 2 gloo ranks updates a DDP model on its own batch; rank 0 then updates a
     single-process copy on both batches padded into one, and returns the largest weight
-    difference between the two results."""
+    difference between the two results. `fused_projection` picks the loss form (the
+    fused one uses the tied weight inside the loss, which DDP must still see)."""
     torch.manual_seed(0)
     cfg = ModelConfig(
         encoder_layers=1,
@@ -153,15 +155,17 @@ def ddp_update_worker(ctx: DistContext) -> float:
     halves = [seqs[:2], seqs[2:]]  # uneven on purpose: 2 and 3 sentences
     total = sum(len(t) + 1 for _, t in seqs)
 
-    def run(m: torch.nn.Module, examples: list[tuple[list[int], list[int]]], world: int) -> None:
+    def run(m: Transformer, examples: list[tuple[list[int], list[int]]], world: int) -> None:
         # SGD with lr 1: the weight change is the gradient itself (Adam's first step is
         # lr * sign(g), which would magnify rounding noise in near-zero gradients).
         opt = torch.optim.SGD(m.parameters(), lr=1.0)
-        upd = Updater(m, opt, "fp32", torch.device("cpu"), 0.1, 0, 0.0, world)
+        objective: torch.nn.Module = TrainingObjective(m, 0.1, 0, fused_projection)
+        if world > 1:
+            objective = torch.nn.parallel.DistributedDataParallel(objective)
+        upd = Updater(objective, opt, "fp32", torch.device("cpu"), 0.0, world)
         upd.update([(batch_of(examples), 1.0)], total, 1.0, [0])
 
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    run(ddp, halves[ctx.rank], world=2)
+    run(model, halves[ctx.rank], world=2)
     if ctx.rank != 0:
         return 0.0
     single = Transformer(cfg)

@@ -26,7 +26,11 @@ from nmt_cli.errors import NmtError
 
 
 def derive_split(
-    train: TrainConfig, world: int, src_lengths: np.ndarray, tgt_lengths: np.ndarray
+    train: TrainConfig,
+    world: int,
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    multiple: int = 1,
 ) -> BatchSplit:
     """Per-device padded max_tokens and accumulation so that an update holds about
     `train.batch_tokens` real tokens on its larger side, whatever the number of devices.
@@ -36,12 +40,13 @@ def derive_split(
     data at the size of one pass. With `train.max_tokens` set, the fraction is measured at
     that cap, so the split depends on the number of devices only through the division
     below (2 devices x 1 pass cut the same batches as 1 device x 2 passes); otherwise at
-    the per-device share itself (measured twice, as the share depends on it).
+    the per-device share itself (measured twice, as the share depends on it). Widths
+    padded to a `multiple` (GPUs) count as padding.
     """
     share = math.ceil(train.batch_tokens / world)  # real tokens per device and update
     per_pass = train.max_tokens or share
     for _ in range(1 if train.max_tokens else 2):
-        fraction = real_token_fraction(src_lengths, tgt_lengths, per_pass)
+        fraction = real_token_fraction(src_lengths, tgt_lengths, per_pass, multiple)
         padded = math.ceil(share / fraction)
         per_pass = train.max_tokens or padded
     accum = max(1, math.ceil(padded / per_pass))
@@ -49,7 +54,11 @@ def derive_split(
 
 
 class TrainFeed:
-    """This rank's view of the training split, update after update."""
+    """This rank's view of the training split, update after update.
+
+    `prefetch` collates the next update's batches and starts their copy to the device
+    ahead of time; `micro_batches` then hands them out instead of building them again.
+    """
 
     def __init__(
         self,
@@ -60,10 +69,13 @@ class TrainFeed:
         ctx: DistContext,
         max_epochs: int,
         name: str,
+        multiple: int = 1,
     ) -> None:
         self.src, self.tgt, self.name = src, tgt, name
         self.split, self.seed, self.max_epochs = split, seed, max_epochs
         self.rank, self.device = ctx.rank, ctx.device
+        self.multiple = multiple
+        self._ahead: tuple[EpochPlan, int, list[tuple[Batch, float]]] | None = None
 
     def plan(self, epoch: int) -> EpochPlan:
         return plan_epoch(
@@ -74,6 +86,7 @@ class TrainFeed:
             epoch,
             self.split.world,
             self.split.accum,
+            multiple=self.multiple,
         )
 
     def updates(self, pos: Position) -> Iterator[tuple[EpochPlan, int]]:
@@ -95,13 +108,21 @@ class TrainFeed:
         """(batch on this rank's device, weight) for each of this rank's slots; an empty
         slot of the last update runs the update's first batch with weight 0 (every rank
         must run as many passes)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is plan and ahead[1] == update:
+            return ahead[2]
         stand_in = update * plan.slots  # the update's first batch always exists
         out = []
         for slot in plan.rank_slots(update, self.rank):
             index = stand_in if slot is None else slot
-            batch = collate(self.src, self.tgt, plan.batches[index])
+            batch = collate(self.src, self.tgt, plan.batches[index], self.multiple)
             out.append((batch.to(self.device), 0.0 if slot is None else 1.0))
         return out
+
+    def prefetch(self, plan: EpochPlan, update: int) -> None:
+        """Prepare `update` of `plan` now (within the epoch; past its end, nothing)."""
+        if update < plan.updates:
+            self._ahead = (plan, update, self.micro_batches(plan, update))
 
     def update_flops(self, plan: EpochPlan, update: int, cfg: ModelConfig) -> float:
         """Training FLOPs of the whole update over all ranks, on the padded shapes."""

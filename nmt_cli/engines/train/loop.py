@@ -31,6 +31,7 @@ from nmt_cli.config import RecipeConfig
 from nmt_cli.core.batching import EpochPlan
 from nmt_cli.core.checkpoint import load_checkpoint, model_state
 from nmt_cli.core.flops import matmul_rate
+from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.schedule import paper_adam, paper_learning_rate
 from nmt_cli.core.transformer import ModelConfig, Transformer, count_parameters
@@ -43,6 +44,7 @@ from nmt_cli.engines.train.checkpoints import (
     restore_train_state,
     train_state,
 )
+from nmt_cli.engines.train.device_choices import choose
 from nmt_cli.engines.train.distributed import DistContext, LaunchSpec, check_devices, launch
 from nmt_cli.engines.train.events import TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
@@ -135,10 +137,19 @@ class _Trainer:
         self.max_nonfinite = max_nonfinite
         self.consecutive_bad = 0
         self.data = open_data_dir(recipe.data.dir)
+        self.choices = choose(tc, ctx.device)
+        multiple = self.choices.shape_multiple
         train_src, train_tgt = self.data.split("train")
-        self.split = derive_split(tc, ctx.world, train_src.lengths, train_tgt.lengths)
+        self.split = derive_split(tc, ctx.world, train_src.lengths, train_tgt.lengths, multiple)
         self.feed = TrainFeed(
-            train_src, train_tgt, self.split, tc.seed, ctx, tc.max_epochs, str(self.data.root)
+            train_src,
+            train_tgt,
+            self.split,
+            tc.seed,
+            ctx,
+            tc.max_epochs,
+            str(self.data.root),
+            multiple,
         )
         self.cfg = model_config_for(recipe, self.data.vocab)
         longest = int(max(train_src.lengths.max(initial=0), train_tgt.lengths.max(initial=0)))
@@ -151,28 +162,28 @@ class _Trainer:
         resume = load_checkpoint(run.last) if run.last.is_file() else None
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg).to(ctx.device)
+        self.model.set_attention_backend(self.choices.attention_backend)
         if resume is not None:
             self.model.load_state_dict(resume.model)
         self.optimizer = paper_adam(
             self.model.parameters(), (tc.adam_beta1, tc.adam_beta2), tc.adam_eps
         )
-        ddp: torch.nn.Module = self.model
+        objective: torch.nn.Module = TrainingObjective(
+            self.model,
+            tc.label_smoothing,
+            PAD_ID,
+            fused_projection=self.choices.fused_projection,
+            compile_model=self.choices.compile_model,
+        )
         if ctx.distributed:
-            ddp = DistributedDataParallel(
-                self.model,
+            objective = DistributedDataParallel(
+                objective,
                 device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
                 forward_sync_buffers=False,  # the only buffer is the fixed position table
                 gradient_as_bucket_view=True,
             )
         self.updater = Updater(
-            ddp,
-            self.optimizer,
-            self.precision,
-            ctx.device,
-            tc.label_smoothing,
-            PAD_ID,
-            tc.clip_norm,
-            ctx.world,
+            objective, self.optimizer, self.precision, ctx.device, tc.clip_norm, ctx.world
         )
         self.pos = Position()
         if resume is not None:
@@ -187,7 +198,9 @@ class _Trainer:
         self.clock = TrainingClock(self.pos.elapsed_s)
         self.device_rate = matmul_rate(ctx.device, dtype_of(self.precision))
         self.validator = (
-            Validator(self.model, self.data, recipe, self.precision, ctx.device, self.split)
+            Validator(
+                self.model, self.data, recipe, self.precision, ctx.device, self.split, multiple
+            )
             if ctx.is_main and "valid" in self.data.splits
             else None
         )
@@ -239,11 +252,13 @@ class _Trainer:
                 first_updates=[plan.update_real_tokens(u) for u in upcoming],
             )
         )
+        if self.ctx.device.type == "cuda":
+            self.report.notice(f"GPU training: {self.choices.describe()}")
         policy = StopPolicy(tc)
         if policy.finished_before_start(self.pos.step):
             return "max_steps"
         tuner = self._thread_tuner()
-        attempts = self.pos.step + self.pos.skipped
+        attempts = first_attempt = self.pos.step + self.pos.skipped
         stopped_by = "max_epochs"
         with StopRequest() as stop:
             for plan, update in self.feed.updates(self.pos):
@@ -253,13 +268,16 @@ class _Trainer:
                 lr = paper_learning_rate(
                     self.pos.step + 1, self.cfg.d_model, tc.warmup_steps, tc.lr_scale
                 )
-                micro = [
-                    (b.to(self.ctx.device), w) for b, w in self.feed.micro_batches(plan, update)
-                ]
+                micro = self.feed.micro_batches(plan, update)
                 update_tokens = plan.update_tgt_tokens(update)
-                stats = self.updater.update(
+                pending = self.updater.launch(
                     micro, update_tokens, lr, self.feed.micro_seeds(attempts)
                 )
+                if self.choices.prefetch:
+                    self.feed.prefetch(plan, update + 1)  # while the device works
+                stats = pending.result()
+                if attempts == first_attempt and self.choices.compile_model:
+                    self.report.compiled(time.monotonic() - t0, self.pos.step + 1)
                 attempts += 1
                 self.pos.batches_done = min(len(plan.batches), (update + 1) * plan.slots)
                 self._count(stats)

@@ -71,6 +71,11 @@ class Reporter:
     def notice(self, text: str, warning: bool = False) -> None:
         self.emit(Notice(text, warning))
 
+    def compiled(self, seconds: float, step: int) -> None:
+        """The first compiled update's time: compilation plus one step."""
+        self.notice(f"torch.compile: the first update took {seconds:.1f} s, compilation included")
+        self.log({"type": "compile", "step": step, "first_update_s": seconds})
+
     def open_tensorboard(self) -> None:
         if not (self.is_main and self.tc.tensorboard):
             return

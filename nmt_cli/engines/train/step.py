@@ -6,8 +6,12 @@ multiplied by the world size, because DDP averages gradients over ranks. So accu
 and DDP produce the gradient of one large batch's per-token loss, and the effective batch
 is the same on 1 CPU, 1 GPU or 8 GPUs.
 
-One host sync per update: the gradient norm (which decides whether the update is finite)
-and the loss sums come back together.
+One host sync per update, at its very end: the loss sums and the gradient norm come back
+together. Everything before it is queued without waiting: the norm, clipping, and, with a
+fused Adam, the decision to skip a non-finite update, which the optimizer takes on the
+device (the `found_inf` flag a gradient scaler hands it). `launch` queues an update and
+`PendingUpdate.result` waits for it, so a GPU's trainer can prepare the next batches in
+between while the device works.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli.core.batching import Batch
-from nmt_cli.core.losses import label_smoothed_sums
 from nmt_cli.core.precision import autocast
 from nmt_cli.core.schedule import set_learning_rate
 from nmt_cli.errors import NmtError
@@ -50,34 +53,47 @@ def _is_oom(exc: BaseException) -> bool:
     )
 
 
+class PendingUpdate:
+    """An update queued on the device; `result()` waits for it (the one host sync)."""
+
+    def __init__(self, totals: torch.Tensor, tokens: int, host: list[float] | None) -> None:
+        self._totals = totals  # (loss sum, nll sum, gradient norm) on the device
+        self._tokens = tokens
+        self._host = host  # already read back when the step needed it early
+
+    def result(self) -> UpdateStats:
+        loss_sum, nll_sum, grad_norm = self._host or self._totals.tolist()
+        finite = math.isfinite(grad_norm)
+        return UpdateStats(loss_sum, nll_sum, self._tokens, grad_norm, skipped=not finite)
+
+
 class Updater:
-    """Runs updates for one rank; `model` may be DDP-wrapped."""
+    """Runs updates for one rank; `objective` (a `TrainingObjective`, maybe DDP-wrapped)
+    maps (src, tgt_in, tgt_out, real target tokens) to (loss sum, nll sum)."""
 
     def __init__(
         self,
-        model: nn.Module,
+        objective: nn.Module,
         optimizer: torch.optim.Optimizer,
         precision: str,
         device: torch.device,
-        label_smoothing: float,
-        pad_id: int,
         clip_norm: float,
         world: int,
     ) -> None:
-        self.model = model
+        self.objective = objective
         self.optimizer = optimizer
         self.precision = precision
         self.device = device
-        self.eps = label_smoothing
-        self.pad_id = pad_id
         self.clip_norm = clip_norm
         self.world = world
         self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = [p for p in objective.parameters() if p.requires_grad]
+        # A fused Adam skips a non-finite update on the device; others need the host.
+        self.skip_on_device = bool(optimizer.defaults.get("fused"))
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
-        if not last and isinstance(self.model, DistributedDataParallel):
-            return self.model.no_sync()
+        if not last and isinstance(self.objective, DistributedDataParallel):
+            return self.objective.no_sync()
         return contextlib.nullcontext()
 
     def update(
@@ -87,9 +103,19 @@ class Updater:
         lr: float,
         seeds: list[int],
     ) -> UpdateStats:
-        """micro: (batch, weight) pairs, weight 0 for an empty slot's stand-in batch;
-        seeds: one dropout seed per micro-batch."""
-        self.model.train()
+        """One update, waited for: `launch(...).result()`."""
+        return self.launch(micro, update_tokens, lr, seeds).result()
+
+    def launch(
+        self,
+        micro: list[tuple[Batch, float]],
+        update_tokens: int,
+        lr: float,
+        seeds: list[int],
+    ) -> PendingUpdate:
+        """Queue one update. micro: (batch, weight) pairs, weight 0 for an empty slot's
+        stand-in batch; seeds: one dropout seed per micro-batch."""
+        self.objective.train()
         scale = self.world / max(update_tokens, 1)
         loss_acc = torch.zeros((), device=self.device)
         nll_acc = torch.zeros((), device=self.device)
@@ -100,9 +126,9 @@ class Updater:
             torch.manual_seed(seeds[i])
             with self._no_sync(i == len(micro) - 1), _oom_guard(batch):
                 with autocast(self.precision, self.device):
-                    logits = self.model(batch.src, batch.tgt_in)
-                    loss, nll = label_smoothed_sums(logits, batch.tgt_out, self.eps, self.pad_id)
-                del logits
+                    loss, nll = self.objective(
+                        batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_tokens
+                    )
                 scaled = loss * (scale * weight)
                 if self.scaler is not None:
                     scaled = self.scaler.scale(scaled)
@@ -114,25 +140,40 @@ class Updater:
 
     def _step(
         self, loss_acc: torch.Tensor, nll_acc: torch.Tensor, tokens: int, lr: float
-    ) -> UpdateStats:
+    ) -> PendingUpdate:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-        loss_sum, nll_sum, grad_norm = torch.stack(
-            [loss_acc.float(), nll_acc.float(), norm.float()]
-        ).tolist()
-        finite = math.isfinite(grad_norm)
-        if finite and self.clip_norm > 0:
+        totals = torch.stack([loss_acc.float(), nll_acc.float(), norm.float()])
+        if self.clip_norm > 0:
+            # Harmless when the norm is not finite: that update is skipped below.
             torch.nn.utils.clip_grads_with_norm_(self.params, self.clip_norm, norm, foreach=True)
         set_learning_rate(self.optimizer, lr)
+        host: list[float] | None = None
         if self.scaler is not None:
             self.scaler.step(self.optimizer)  # skips by itself when inf/nan was found
             self.scaler.update()
-        elif finite:
-            self.optimizer.step()
+        elif self.skip_on_device:
+            _step_unless_nonfinite(self.optimizer, norm)
+        else:
+            host = totals.tolist()
+            if math.isfinite(host[2]):
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return UpdateStats(loss_sum, nll_sum, tokens, grad_norm, skipped=not finite)
+        return PendingUpdate(totals, tokens, host)
+
+
+def _step_unless_nonfinite(optimizer: torch.optim.Optimizer, norm: torch.Tensor) -> None:
+    """A fused optimizer's step that leaves weights and moments untouched when the
+    gradient norm is inf or nan, decided on the device: the flag is the one a gradient
+    scaler gives such an optimizer (`found_inf`), its step count is rolled back too."""
+    found_inf = (~torch.isfinite(norm)).to(torch.float32)
+    optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

@@ -39,12 +39,14 @@ class DevFigures:
 class DevSet:
     """The dev split, collated once (dev sets are small) in a fixed length order."""
 
-    def __init__(self, src: TokenStore, tgt: TokenStore, max_tokens: int) -> None:
+    def __init__(
+        self, src: TokenStore, tgt: TokenStore, max_tokens: int, multiple: int = 1
+    ) -> None:
         self.src, self.tgt = src, tgt
         order = length_grouped_batches(
-            src.lengths, tgt.lengths, max_tokens, seed=0, epoch=0, shuffle=False
+            src.lengths, tgt.lengths, max_tokens, seed=0, epoch=0, shuffle=False, multiple=multiple
         )
-        self.batches: list[Batch] = [collate(src, tgt, idx) for idx in order]
+        self.batches: list[Batch] = [collate(src, tgt, idx, multiple) for idx in order]
 
     def __len__(self) -> int:
         return len(self.src)
@@ -135,10 +137,11 @@ class Validator:
         precision: str,
         device: torch.device,
         split: BatchSplit,
+        multiple: int = 1,
     ) -> None:
         self.model, self.data, self.recipe = model, data, recipe
         self.precision, self.device = precision, device
-        self.dev = DevSet(*data.split("valid"), max_tokens=split.max_tokens)
+        self.dev = DevSet(*data.split("valid"), max_tokens=split.max_tokens, multiple=multiple)
 
     def __call__(self) -> DevFigures:
         tc, decode = self.recipe.train, self.recipe.decode

@@ -1,0 +1,61 @@
+"""What training minimises, as one module: the teacher-forced Transformer and the
+label-smoothed loss of section 5.4, summed over the batch's real target tokens.
+
+One module because DistributedDataParallel must see every use of a parameter inside the
+forward it wraps, and the fused loss uses the tied output projection (section 3.4)
+itself. Two forms of the same arithmetic (`core/losses.py`):
+
+- unfused (CPUs): the model returns logits; the loss sweeps them 64 rows at a time,
+  which stay in the CPU's cache;
+- fused projection (GPUs): the model returns its last hidden states; the loss projects
+  them a chunk of real tokens at a time, so the (tokens x V) logits, their fp32 copies
+  and their gradient are never stored whole, and padding is never projected.
+
+`compile_model` runs the Transformer's forward (and so its backward) through
+`torch.compile` with dynamic shapes, so one graph serves every batch shape; the loss
+stays eager (its chunk loop depends on the token count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from nmt_cli.core.losses import label_smoothed_sums, projected_label_smoothed_sums
+from nmt_cli.core.transformer import Transformer
+
+
+class TrainingObjective(nn.Module):
+    """(smoothed loss sum, nll sum) of a batch; `tokens` is its real target count."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        label_smoothing: float,
+        pad_id: int,
+        fused_projection: bool,
+        compile_model: bool = False,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.eps = label_smoothing
+        self.pad_id = pad_id
+        self.fused_projection = fused_projection
+        self.compiled = compile_model
+        # A plain function, not a registered module: the parameters stay the model's.
+        self._forward: Callable[..., Tensor] = (
+            torch.compile(model.forward, dynamic=True) if compile_model else model.forward
+        )
+
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, tokens: int
+    ) -> tuple[Tensor, Tensor]:
+        if self.fused_projection:
+            hidden = self._forward(src, tgt_in, project=False)
+            return projected_label_smoothed_sums(
+                hidden, self.model.output_weight, tgt_out, self.eps, self.pad_id, tokens
+            )
+        logits = self._forward(src, tgt_in)
+        return label_smoothed_sums(logits, tgt_out, self.eps, self.pad_id)

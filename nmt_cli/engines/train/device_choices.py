@@ -1,0 +1,67 @@
+"""How training runs on its device: the GPU speed-ups and the CPU paths they leave alone.
+
+Measured on one H200 (base model, bf16, ~21,000 target tokens a step), the GPU was busy
+a quarter of each step: cuDNN attention built a graph for every new batch shape, the
+label-smoothed loss made several fp32 passes over the (tokens x vocabulary) logits, and
+casts took 12% of GPU time. On a GPU, therefore:
+
+- attention kernels without per-shape cost (`core/attention.py`);
+- the output projection fused into the chunked loss (`core/objective.py`);
+- batch widths padded to multiples of 8, so shapes repeat (`core/batching.py`);
+- `torch.compile` of the model with dynamic shapes, unless the recipe turns it off;
+- the next update's batches copied while the device works on this one.
+
+On a CPU none of these pays (the written-out attention, the cache-sized loss chunks and
+eager mode are faster there, see BENCHMARKS.md), and `train.compile = "auto"` is off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from nmt_cli.config import TrainConfig
+from nmt_cli.core.attention import AttentionBackend
+
+GPU_SHAPE_MULTIPLE = 8
+
+
+@dataclass(frozen=True)
+class DeviceChoices:
+    compile_model: bool
+    fused_projection: bool
+    shape_multiple: int  # batch widths rounded up to a multiple of this
+    attention_backend: AttentionBackend
+    prefetch: bool  # prepare the next update's batches while the device works
+
+    def describe(self) -> str:
+        parts = [
+            "torch.compile " + ("on (dynamic shapes)" if self.compile_model else "off"),
+            f"attention kernels: {self.attention_backend}",
+        ]
+        if self.fused_projection:
+            parts.append("output projection fused into the chunked loss")
+        if self.shape_multiple > 1:
+            parts.append(f"batch widths padded to multiples of {self.shape_multiple}")
+        return "; ".join(parts)
+
+
+def choose(train: TrainConfig, device: torch.device) -> DeviceChoices:
+    gpu = device.type == "cuda"
+    return DeviceChoices(
+        compile_model=resolve_compile(train.compile, device),
+        fused_projection=gpu,
+        shape_multiple=GPU_SHAPE_MULTIPLE if gpu else 1,
+        attention_backend=train.attention_backend,
+        prefetch=gpu,
+    )
+
+
+def resolve_compile(setting: bool | Literal["auto"], device: torch.device) -> bool:
+    """'auto' compiles on GPUs only: on the project's 2-core CPU a compiled training step
+    was slower than eager, after more than a minute of compilation."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)
