@@ -11,14 +11,18 @@ itself. Two forms of the same arithmetic (`core/losses.py`):
   them a chunk of real tokens at a time, so the (tokens x V) logits, their fp32 copies
   and their gradient are never stored whole, and padding is never projected.
 
-`compile_model` runs the Transformer's forward (and so its backward) through
-`torch.compile` with dynamic shapes, so one graph serves every batch shape; the loss
-stays eager (its chunk loop depends on the token count).
+`compile_backend` ("inductor" for speed) runs the Transformer's forward (and so its
+backward) through `torch.compile` with dynamic shapes, so one graph serves every batch
+shape; the loss stays eager (its chunk loop depends on the token count). Source and
+target widths get separate symbols even when the first batch has them equal (no "duck
+sizing"), or the next batch whose widths differ would compile the model a second time.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -36,26 +40,49 @@ class TrainingObjective(nn.Module):
         label_smoothing: float,
         pad_id: int,
         fused_projection: bool,
-        compile_model: bool = False,
+        compile_backend: str | None = None,
     ) -> None:
         super().__init__()
         self.model = model
         self.eps = label_smoothing
         self.pad_id = pad_id
         self.fused_projection = fused_projection
-        self.compiled = compile_model
+        self.compiled = compile_backend is not None
         # A plain function, not a registered module: the parameters stay the model's.
         self._forward: Callable[..., Tensor] = (
-            torch.compile(model.forward, dynamic=True) if compile_model else model.forward
+            torch.compile(model.forward, dynamic=True, backend=compile_backend)
+            if compile_backend is not None
+            else model.forward
         )
+
+    def _run(self, src: Tensor, tgt_in: Tensor, project: bool) -> Tensor:
+        if not self.compiled:
+            return self._forward(src, tgt_in, project=project)
+        with _separate_size_symbols():
+            return self._forward(src, tgt_in, project=project)
 
     def forward(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, tokens: int
     ) -> tuple[Tensor, Tensor]:
         if self.fused_projection:
-            hidden = self._forward(src, tgt_in, project=False)
+            hidden = self._run(src, tgt_in, project=False)
             return projected_label_smoothed_sums(
                 hidden, self.model.output_weight, tgt_out, self.eps, self.pad_id, tokens
             )
-        logits = self._forward(src, tgt_in)
+        logits = self._run(src, tgt_in, project=True)
         return label_smoothed_sums(logits, tgt_out, self.eps, self.pad_id)
+
+
+def _separate_size_symbols() -> contextlib.AbstractContextManager[Any]:
+    """torch.compile's shape tracing without duck sizing, where this PyTorch has the
+    switch (a compile-time setting, so it only needs to hold during the call)."""
+    try:
+        from torch.fx.experimental import _config as fx_config
+    except ImportError:  # pragma: no cover - an older or newer layout
+        return contextlib.nullcontext()
+    if not hasattr(fx_config, "use_duck_shape"):  # pragma: no cover
+        return contextlib.nullcontext()
+    patch: contextlib.AbstractContextManager[Any] = fx_config.patch(  # type: ignore[attr-defined]
+        use_duck_shape=False
+    )
+    return patch

@@ -173,7 +173,7 @@ class _Trainer:
             tc.label_smoothing,
             PAD_ID,
             fused_projection=self.choices.fused_projection,
-            compile_model=self.choices.compile_model,
+            compile_backend="inductor" if self.choices.compile_model else None,
         )
         if ctx.distributed:
             objective = DistributedDataParallel(

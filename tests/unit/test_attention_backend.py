@@ -1,0 +1,113 @@
+"""Which SDPA kernels run where: the selection logic, tested without a GPU."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+
+from nmt_cli.core import transformer as transformer_module
+from nmt_cli.core.attention import ATTENTION_BACKENDS, backend_scope, mask_kind, sdpa_backends
+from nmt_cli.core.transformer import MultiHeadAttention, Transformer
+
+FLASH, EFFICIENT = SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
+MATH, CUDNN = SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask", ["none", "causal", "padding"])
+@pytest.mark.parametrize("policy", ATTENTION_BACKENDS)
+def test_cpus_keep_pytorchs_own_choice(policy: str, mask: str, dtype: torch.dtype) -> None:
+    assert sdpa_backends(policy, "cpu", dtype, mask) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mask", "expected"),
+    [
+        (torch.bfloat16, "causal", [FLASH, EFFICIENT, MATH]),  # decoder self-attention
+        (torch.float16, "none", [FLASH, EFFICIENT, MATH]),
+        (torch.bfloat16, "padding", [EFFICIENT, MATH]),  # encoder and cross-attention
+        (torch.float16, "padding", [EFFICIENT, MATH]),
+        (torch.float32, "causal", [EFFICIENT, MATH]),  # flash has no fp32 kernel
+        (torch.float32, "padding", [EFFICIENT, MATH]),
+    ],
+)
+def test_auto_on_a_gpu_picks_flash_where_it_runs_then_efficient(
+    dtype: torch.dtype, mask: str, expected: list[SDPBackend]
+) -> None:
+    assert sdpa_backends("auto", "cuda", dtype, mask) == expected  # type: ignore[arg-type]
+
+
+def test_auto_never_allows_cudnn_and_always_keeps_math_last() -> None:
+    for dtype, mask in itertools.product(
+        (torch.float32, torch.bfloat16, torch.float16), ("none", "causal", "padding")
+    ):
+        chosen = sdpa_backends("auto", "cuda", dtype, mask)  # type: ignore[arg-type]
+        assert chosen is not None
+        assert CUDNN not in chosen
+        assert chosen[-1] == MATH
+
+
+def test_named_policies_add_their_kernel_to_the_same_fallbacks() -> None:
+    bf16 = torch.bfloat16
+    assert sdpa_backends("cudnn", "cuda", bf16, "padding") == [CUDNN, FLASH, EFFICIENT, MATH]
+    assert sdpa_backends("flash", "cuda", bf16, "padding") == [FLASH, EFFICIENT, MATH]
+    assert sdpa_backends("efficient", "cuda", bf16, "causal") == [EFFICIENT, MATH]
+    assert sdpa_backends("math", "cuda", bf16, "causal") == [MATH]
+    with pytest.raises(ValueError, match="use one of auto, flash"):
+        sdpa_backends("fast", "cuda", bf16, "none")  # type: ignore[arg-type]
+
+
+def test_mask_kind_of_each_attention() -> None:
+    key_mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    assert mask_kind(key_mask, causal=False) == "padding"
+    assert mask_kind(None, causal=True) == "causal"
+    assert mask_kind(None, causal=False) == "none"
+
+
+def test_scope_allows_only_the_chosen_kernels_and_restores_the_rest() -> None:
+    q = torch.randn(2, 2, 5, 8)
+    before = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
+    with backend_scope([MATH]):
+        assert not torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    after = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
+    assert after == before
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q, q, is_causal=True))
+    with backend_scope(None):
+        assert torch.backends.cuda.flash_sdp_enabled() == before[0]
+
+
+def test_model_sets_every_layer_and_refuses_unknown_names(tiny_model: Transformer) -> None:
+    tiny_model.set_attention_backend("efficient")
+    layers = [m for m in tiny_model.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(layers) == 2 + 2 * 2  # encoder self; decoder self and cross
+    assert {m.backend for m in layers} == {"efficient"}
+    with pytest.raises(ValueError, match="attention backend 'fast'"):
+        tiny_model.set_attention_backend("fast")  # type: ignore[arg-type]
+
+
+def test_a_restricted_kernel_set_gives_the_same_attention(
+    tiny_model: Transformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's SDPA calls run inside the chosen scope (here forced to math on the CPU,
+    as a GPU would run its choice) and give what PyTorch's default gives."""
+    src = torch.randint(4, 40, (3, 7))
+    src[0, 5:] = 0
+    tgt = torch.randint(4, 40, (3, 6))
+    with torch.no_grad():
+        expected = tiny_model(src, tgt)
+        seen: list[tuple[str, str]] = []
+
+        def forced(policy: str, device: str, dtype: torch.dtype, mask: str) -> list[SDPBackend]:
+            seen.append((policy, mask))
+            return [MATH]
+
+        monkeypatch.setattr(transformer_module, "sdpa_backends", forced)
+        got = tiny_model(src, tgt)
+    torch.testing.assert_close(got, expected)
+    assert {mask for _, mask in seen} == {"padding", "causal"}
