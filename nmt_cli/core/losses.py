@@ -10,6 +10,12 @@ Written this way nothing of size V is kept but the gradient; the backward pass i
 softmax(z) - (1 - eps) * onehot - eps / V, computed in the same sweep as the loss instead
 of autograd's chain through log_softmax, gather and mean (the log-softmax over the
 vocabulary is one of the most expensive parts of a small model's step on a CPU).
+
+Two entry points share that sweep: `label_smoothed_sums` takes logits (CPUs, validation);
+`projected_label_smoothed_sums` takes the decoder's hidden states and the tied output
+projection (section 3.4) and runs projection, loss and both gradients a chunk of tokens
+at a time, so that on a GPU the (tokens x V) logits, their fp32 copies and their gradient
+are never stored whole (on one H200 the unfused loss took 29% of a base step's GPU time).
 """
 
 from __future__ import annotations
