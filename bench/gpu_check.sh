@@ -6,7 +6,8 @@
 #
 #   bash bench/gpu_check.sh [DATA_DIR] [OUT_DIR]
 #
-# DATA_DIR  Multi30k EN-DE as `nmt prepare` writes it (default: data/multi30k-en-de).
+# DATA_DIR  Multi30k EN-DE as `nmt prepare` writes it (default: the repository's
+#           data/multi30k-en-de).
 #           A GPU machine without internet needs it brought along: on a machine that
 #           has the corpus, prepare it inside the repository, where data/ is git-ignored,
 #               nmt run recipes/multi30k-en-de.toml --until prepare   # ~3 MB
@@ -14,8 +15,9 @@
 #           (or, with a tool that ships the working tree, name data/multi30k-en-de among
 #           the ignored paths it carries). Without it the Multi30k and decoding stages
 #           are skipped; the training-speed stages need no data.
-# OUT_DIR   Runs, logs and SUMMARY.txt (default: $OUT when set, else a new temporary
-#           directory).
+# OUT_DIR   Logs, SUMMARY.txt and the Multi30k run's metrics and results (default: $OUT
+#           when set, else a new temporary directory). The run's checkpoints (hundreds of
+#           MB) stay in a temporary directory.
 #
 # Needs a python with torch (CUDA build), numpy, typer, rich, sentencepiece and
 # sacrebleu; the repository need not be installed (PYTHONPATH is set here), and nothing
@@ -28,9 +30,10 @@
 
 set -u
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DATA="${1:-data/multi30k-en-de}"
+DATA="${1:-$REPO/data/multi30k-en-de}"
+[ -d "$DATA" ] && DATA="$(cd "$DATA" && pwd)"  # a relative path means from here
 OUT_DIR="${2:-${OUT:-$(mktemp -d)}}"
-PY="${PYTHON:-python3}"
+PY="${PYTHON:-$(command -v python || command -v python3)}"
 DEADLINE="${GPU_CHECK_SECONDS:-540}"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
@@ -134,12 +137,13 @@ stage train-speed-baseline 45 "$PY" bench/gpu_train.py --models base --variants 
     --steps 40 --max-tokens 25000 --no-probe
 
 if [ "$HAVE_DATA" -eq 1 ]; then
-    RUN="$OUT_DIR/runs/multi30k-en-de"
+    RUN="$(mktemp -d)/multi30k-en-de"
     stage multi30k 220 "${NMT[@]}" run recipes/multi30k-en-de.toml --gpus 1 --from train \
         --set "data.dir=$DATA" --set "train.run_dir=$RUN" \
         --set train.max_time_minutes=2 --set train.save_interval_minutes=0.4 \
         --set train.log_interval_steps=25 --set score.paper_bleu=false
     stage multi30k-figures 20 "$PY" bench/run_figures.py "$RUN"
+    cp "$RUN"/metrics.jsonl "$RUN"/results.json "$RUN"/config.json "$OUT_DIR"/ 2>/dev/null
     MODEL="$RUN/average.pt"
     [ -f "$MODEL" ] || MODEL="$RUN/checkpoints/last.pt"
     stage decode-speed 60 "$PY" bench/gpu_decode.py --model "$MODEL" \

@@ -44,11 +44,16 @@ needs_no_gpu = pytest.mark.skipif(
 )
 
 
-def _run_check(tmp_path: Path, data: Path) -> subprocess.CompletedProcess[str]:
+def _run_check(tmp_path: Path, data: Path, seconds: int = 540) -> subprocess.CompletedProcess[str]:
     block = tmp_path / "block"
     block.mkdir()
     (block / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
-    env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(block))
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        PYTHONPATH=str(block),
+        GPU_CHECK_SECONDS=str(seconds),
+    )
     env.pop("OUT", None)
     out = tmp_path / "out"
     return subprocess.run(
@@ -82,6 +87,14 @@ def test_without_the_prepared_data_the_check_says_how_to_get_it(tmp_path: Path) 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no prepared Multi30k directory" in done.stdout
     assert "Prepare it as this script's header says" in done.stdout
+
+
+def test_stages_past_the_time_budget_are_skipped_and_make_the_check_fail(
+    tmp_path: Path,
+) -> None:
+    done = _run_check(tmp_path, tmp_path / "missing", seconds=10)
+    assert done.returncode == 1
+    assert "== environment: SKIPPED, the check's 10s are spent" in done.stdout
 
 
 def test_training_variants_run_their_code_path_on_the_cpu() -> None:
