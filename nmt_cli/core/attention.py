@@ -43,12 +43,9 @@ def sdpa_backends(
     kernel to the same fallbacks, so a setting that does not fit a call (flash with a
     padding mask, say) degrades instead of failing; 'math' alone is the reference.
     """
+    check_policy(policy)
     if device_type != "cuda":
         return None
-    if policy not in ATTENTION_BACKENDS:
-        raise ValueError(
-            f"attention backend {policy!r}: use one of {', '.join(ATTENTION_BACKENDS)}"
-        )
     if policy == "math":
         return [SDPBackend.MATH]
     flash_fits = dtype in _LOW_PRECISION and mask != "padding"
@@ -58,6 +55,14 @@ def sdpa_backends(
     if policy in ("cudnn", "flash") or (policy == "auto" and flash_fits):
         chosen.append(SDPBackend.FLASH_ATTENTION)
     return [*chosen, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def check_policy(policy: str) -> None:
+    """A clear error for a policy name that is not one of ATTENTION_BACKENDS."""
+    if policy not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"attention backend {policy!r}: use one of {', '.join(ATTENTION_BACKENDS)}"
+        )
 
 
 def mask_kind(key_mask: torch.Tensor | None, causal: bool) -> MaskKind:

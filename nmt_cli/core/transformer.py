@@ -20,7 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt_cli.core.attention import AttentionBackend, backend_scope, mask_kind, sdpa_backends
+from nmt_cli.core.attention import (
+    AttentionBackend,
+    backend_scope,
+    check_policy,
+    mask_kind,
+    sdpa_backends,
+)
 from nmt_cli.core.cache import DecoderCache, LayerCache
 from nmt_cli.core.dropout import Dropout
 from nmt_cli.core.norm import LayerNorm
@@ -405,7 +411,7 @@ class Transformer(nn.Module):
 
     def set_attention_backend(self, policy: AttentionBackend) -> None:
         """Which SDPA kernels every attention layer may use on a GPU (core/attention.py)."""
-        sdpa_backends(policy, "cuda", torch.bfloat16, "none")  # rejects an unknown name
+        check_policy(policy)
         for module in self.modules():
             if isinstance(module, MultiHeadAttention):
                 module.backend = policy
