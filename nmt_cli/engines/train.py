@@ -182,12 +182,13 @@ class _Position:
 
 
 class _Meter:
-    """Throughput over the last 20 updates, and loss sums since the last metrics record."""
+    """Throughput over the last 20 updates, and loss and gradient-norm sums since the last
+    metrics record."""
 
     def __init__(self) -> None:
         self.window: deque[tuple[float, int]] = deque(maxlen=20)
-        self.loss = self.nll = 0.0
-        self.tokens = 0
+        self.loss = self.nll = self.grad_norm = 0.0
+        self.tokens = self.updates = 0
 
     def add(self, seconds: float, update_tokens: int, stats: UpdateStats) -> None:
         self.window.append((seconds, update_tokens))
@@ -195,6 +196,8 @@ class _Meter:
             self.loss += stats.loss_sum
             self.nll += stats.nll_sum
             self.tokens += stats.tokens
+            self.grad_norm += stats.grad_norm
+            self.updates += 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -204,12 +207,14 @@ class _Meter:
     def seconds_per_update(self) -> float:
         return sum(t for t, _ in self.window) / max(len(self.window), 1)
 
-    def take(self) -> tuple[float, float]:
-        """(loss, nll) per token since the last call."""
+    def take(self) -> tuple[float, float, float]:
+        """(loss, nll) per token and the mean gradient norm (before clipping) since the
+        last call."""
         loss, nll = self.loss / self.tokens, self.nll / self.tokens
-        self.loss = self.nll = 0.0
-        self.tokens = 0
-        return loss, nll
+        grad_norm = self.grad_norm / max(self.updates, 1)
+        self.loss = self.nll = self.grad_norm = 0.0
+        self.tokens = self.updates = 0
+        return loss, nll, grad_norm
 
 
 class _Trainer:
@@ -639,7 +644,7 @@ class _Trainer:
         )
         log_every = self.tc.log_interval_steps
         if log_every and self.pos.step % log_every == 0 and meter.tokens:
-            loss, nll = meter.take()
+            loss, nll, grad_norm = meter.take()
             self._log(
                 {
                     "type": "train",
@@ -649,6 +654,7 @@ class _Trainer:
                     "nll": nll,
                     "ppl": math.exp(min(nll, 100.0)),
                     "lr": lr,
+                    "grad_norm": grad_norm,
                     "tokens_per_s": meter.tokens_per_s,
                     "elapsed_s": self.pos.elapsed_s,
                 }
