@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from nmt_cli import __version__
+from nmt_cli.commands.attention import attention
 from nmt_cli.commands.average import average_checkpoints
 from nmt_cli.commands.prepare import prepare_command
 from nmt_cli.commands.run import run
@@ -47,6 +48,7 @@ app.command("translate")(translate)
 app.command("average-checkpoints")(average_checkpoints)
 app.command("score")(score)
 app.command("run")(run)
+app.command("attention")(attention)
 
 
 def main() -> None:

@@ -13,7 +13,9 @@ import typer
 
 from nmt_cli.commands.common import err_console, user_errors
 from nmt_cli.config import DecodeConfig, Precision
+from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.files import atomic_path
+from nmt_cli.engines.attention_views import default_layer
 from nmt_cli.engines.translate import (
     LENGTH_PENALTY_HELP,
     Translation,
@@ -48,6 +50,18 @@ def translate(
         0, "--workers", help="Batches decoded at once on CPU; 0 = one per thread."
     ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines with scores and timing."),
+    alignment: bool = typer.Option(
+        False,
+        "--alignment",
+        help="Add each sentence's source-target word alignment (Moses 'i-j' pairs, 0-based "
+        "words) from cross-attention: 'text ||| 0-0 1-2', or an 'alignment' field in JSON.",
+    ),
+    alignment_layer: int = typer.Option(
+        0,
+        "--alignment-layer",
+        help="Decoder layer (1-based) whose cross-attention, averaged over heads, aligns; "
+        "0 = the penultimate layer, which aligns best (Garg et al., 2019). Implies --alignment.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary on stderr."),
 ) -> None:
     """Translate raw text with beam search (the paper: beam 4, alpha 0.6, max |src| + 50).
@@ -66,7 +80,12 @@ def translate(
         except ValueError as exc:
             raise NmtError(str(exc).replace("decode.", "--")) from None
         n_threads, workers = set_threads(cfg.threads, cfg.workers)
-        translator = Translator.load(model, cfg, workers)
+        ckpt = load_checkpoint(model)
+        layer = None
+        alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
+        if alignment:
+            layer = alignment_layer or default_layer(ckpt.model_config.decoder_layers)
+        translator = Translator.from_checkpoint(ckpt, cfg, workers, layer)
         with contextlib.ExitStack() as stack:
             source: BinaryIO = stack.enter_context(_open_input(input))
             if output is None:
@@ -75,7 +94,9 @@ def translate(
                 sink = stack.enter_context(open(stack.enter_context(atomic_path(output)), "wb"))
 
             def emit(results: list[Translation], first: int, seconds: float) -> None:
-                sink.write(format_translations(results, first, seconds, cfg.nbest, as_json))
+                sink.write(
+                    format_translations(results, first, seconds, cfg.nbest, as_json, alignment)
+                )
                 sink.flush()
 
             try:

@@ -260,15 +260,19 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        x = self.norm1(self.dropout.add(x, self.self_attn(x, key_mask=src_mask).values))
-        return self.norm2(self.dropout.add(x, self.ffn(x)))
+    def forward(
+        self, x: Tensor, src_mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        a = self.self_attn(x, key_mask=src_mask, need_weights=need_weights)
+        x = self.norm1(self.dropout.add(x, a.values))
+        return self.norm2(self.dropout.add(x, self.ffn(x))), a.weights
 
 
 @dataclass
 class DecoderOutput:
     hidden: Tensor  # (B, T, D)
     cross_attention: list[Tensor] | None  # one (B, h, T, S) per layer when asked for
+    self_attention: list[Tensor] | None = None  # one (B, h, T, prefix + T) per layer
 
 
 class DecoderLayer(nn.Module):
@@ -289,7 +293,9 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         cache: LayerCache | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """-> (output, self-attention weights, cross-attention weights); weights only
+        when asked for."""
         # With a cache, the single query position is the newest one, so it may see every
         # cached key: no causal mask is needed (and SDPA's would be aligned wrongly).
         causal = cache is None
@@ -297,7 +303,7 @@ class DecoderLayer(nn.Module):
         y = self.norm1(self.dropout.add(y, a.values))
         c = self.cross_attn(y, memory, key_mask=src_mask, cache=cache, need_weights=need_weights)
         y = self.norm2(self.dropout.add(y, c.values))
-        return self.norm3(self.dropout.add(y, self.ffn(y))), c.weights
+        return self.norm3(self.dropout.add(y, self.ffn(y))), a.weights, c.weights
 
 
 class Transformer(nn.Module):
@@ -346,12 +352,30 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src: (B, S) token ids -> (B, S, D)."""
+        return self._encode(src, src_mask, need_weights=False)[0]
+
+    def encode_with_attention(
+        self, src: Tensor, src_mask: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """`encode`, plus every encoder layer's self-attention weights (B, h, S, S).
+
+        The written-out attention replaces the fused kernel here, so the output equals
+        `encode`'s up to rounding; used only when a caller wants pictures or alignments.
+        """
+        return self._encode(src, src_mask, need_weights=True)
+
+    def _encode(
+        self, src: Tensor, src_mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, list[Tensor]]:
         if src_mask is None:
             src_mask = self.source_mask(src)
         x = self.src_embed(src)
+        weights: list[Tensor] = []
         for layer in self.encoder:
-            x = layer(x, src_mask)
-        return x
+            x, w = layer(x, src_mask, need_weights)
+            if w is not None:
+                weights.append(w)
+        return x, weights
 
     def decode(
         self,
@@ -364,15 +388,19 @@ class Transformer(nn.Module):
         """tgt_in: (B, T) ids; with a cache, T new positions continue the cached prefix."""
         start = cache.length if cache is not None else 0
         y = self.tgt_embed(tgt_in, start)
-        weights: list[Tensor] = []
+        cross: list[Tensor] = []
+        own: list[Tensor] = []
         for i, layer in enumerate(self.decoder):
             layer_cache = cache.layers[i] if cache is not None else None
-            y, w = layer(y, memory, src_mask, layer_cache, need_weights)
-            if w is not None:
-                weights.append(w)
+            y, self_w, cross_w = layer(y, memory, src_mask, layer_cache, need_weights)
+            if self_w is not None and cross_w is not None:
+                own.append(self_w)
+                cross.append(cross_w)
         if cache is not None:
             cache.length += tgt_in.size(1)
-        return DecoderOutput(y, weights if need_weights else None)
+        if not need_weights:
+            return DecoderOutput(y, None)
+        return DecoderOutput(y, cross, own)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) -> (..., V) through the tied output projection, no bias."""
@@ -399,10 +427,16 @@ class Transformer(nn.Module):
 
         Self-attention keys/values of the prefix come from the cache; cross-attention
         keys/values are computed from `memory` on the first step and reused after.
+        With `need_weights`, also this step's attention weights as one flat list of
+        row-first tensors (what search records): every decoder layer's self-attention
+        (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S).
         """
         out = self.decode(last_tokens[:, None], memory, src_mask, cache, need_weights)
         logits = self.logits(out.hidden[:, -1])
-        return logits.float().log_softmax(-1), out.cross_attention
+        weights = None
+        if out.self_attention is not None and out.cross_attention is not None:
+            weights = [*out.self_attention, *out.cross_attention]
+        return logits.float().log_softmax(-1), weights
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,6 +30,8 @@ from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import EOS_ID, PAD_ID, VocabPair
+from nmt_cli.engines.alignment import format_alignment, hard_alignment
+from nmt_cli.engines.attention_views import CrossAttentionOf, check_layer
 from nmt_cli.errors import NmtError
 
 LENGTH_PENALTY_HELP = (
@@ -43,6 +46,7 @@ class TranslatedHypothesis:
     score: float  # log-probability / length penalty
     log_prob: float
     length: int  # subword tokens, without EOS
+    alignment: str | None = None  # Moses "i-j" source-target word pairs, when asked for
 
 
 @dataclass(frozen=True)
@@ -118,29 +122,55 @@ def available_cores() -> int:
 
 
 class Translator:
-    """A model and its vocabularies, ready to translate chunks of raw lines."""
+    """A model and its vocabularies, ready to translate chunks of raw lines.
+
+    With `alignment_layer` (1-based), every hypothesis also gets its word alignment from
+    that decoder layer's cross-attention, averaged over heads, recorded by the search that
+    produced it (beam 1 then runs as a one-beam beam search, the same output as greedy).
+    """
 
     def __init__(
-        self, model: Transformer, vocab: VocabPair, cfg: DecodeConfig, workers: int = 1
+        self,
+        model: Transformer,
+        vocab: VocabPair,
+        cfg: DecodeConfig,
+        workers: int = 1,
+        alignment_layer: int | None = None,
     ) -> None:
         self.model, self.vocab, self.cfg = model, vocab, cfg
         self.max_source = model.cfg.max_positions - 1  # room for the source's EOS
         self.device = next(model.parameters()).device
         self.workers = workers if self.device.type == "cpu" else 1
         self._pool: ThreadPoolExecutor | None = None
+        self.aligner: CrossAttentionOf | None = None
+        if alignment_layer is not None:
+            layer = check_layer(alignment_layer, len(model.decoder), "--alignment-layer", "decoder")
+            self.aligner = CrossAttentionOf(model, layer)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, cfg: DecodeConfig, workers: int = 1) -> Translator:
+    def from_checkpoint(
+        cls,
+        ckpt: Checkpoint,
+        cfg: DecodeConfig,
+        workers: int = 1,
+        alignment_layer: int | None = None,
+    ) -> Translator:
         """Build the model on the configured device and cast it to the configured precision
         (log-softmax stays in float32 inside the model)."""
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.precision, device)
         model = ckpt.build_model().to(device=device, dtype=dtype)
-        return cls(model, ckpt.vocab, cfg, workers)
+        return cls(model, ckpt.vocab, cfg, workers, alignment_layer)
 
     @classmethod
-    def load(cls, path: str | Path, cfg: DecodeConfig, workers: int = 1) -> Translator:
-        return cls.from_checkpoint(load_checkpoint(path), cfg, workers)
+    def load(
+        cls,
+        path: str | Path,
+        cfg: DecodeConfig,
+        workers: int = 1,
+        alignment_layer: int | None = None,
+    ) -> Translator:
+        return cls.from_checkpoint(load_checkpoint(path), cfg, workers, alignment_layer)
 
     def _workers(self) -> ThreadPoolExecutor:
         """One pool for the translator's lifetime: the same few threads decode every chunk.
@@ -164,7 +194,7 @@ class Translator:
         batches = list(self._batches(order, ids))
 
         def decode(batch: list[int]) -> list[list[Hypothesis]]:
-            return self._search(self._tensor([ids[i] for i in batch]))
+            return self._search(self.source_tensor([ids[i] for i in batch]))
 
         if self.workers > 1 and len(batches) > 1:
             # Batches decoded side by side, one thread each: on small CPUs this beats
@@ -178,7 +208,7 @@ class Translator:
         return [
             Translation(
                 source=line,
-                hypotheses=[self._detok(h) for h in hyps[i]],
+                hypotheses=[self._detok(h, ids[i]) for h in hyps[i]],
                 truncated=truncated[i],
             )
             for i, line in enumerate(lines)
@@ -203,7 +233,8 @@ class Translator:
         if batch:
             yield batch
 
-    def _tensor(self, rows: list[list[int]]) -> Tensor:
+    def source_tensor(self, rows: list[list[int]]) -> Tensor:
+        """Source ids -> (B, width) ids + EOS, right-padded, on the model's device."""
         # Widths in steps of 8 (masked padding): few distinct shapes for oneDNN to build
         # kernels for, as with the batch sizes in search.batch_bucket.
         width = -(-(max(len(r) for r in rows) + 1) // 8) * 8
@@ -215,23 +246,31 @@ class Translator:
 
     def _search(self, src: Tensor) -> list[list[Hypothesis]]:
         cfg = self.cfg
-        if cfg.beam_size == 1:
+        if cfg.beam_size == 1 and self.aligner is None:
             return greedy_search(self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty)
         return beam_search(
-            self.model,
+            self.model if self.aligner is None else self.aligner,
             src,
             beam_size=cfg.beam_size,
             length_penalty=cfg.length_penalty,
             max_len_a=cfg.max_len_a,
             max_len_b=cfg.max_len_b,
             nbest=cfg.nbest,
+            need_weights=self.aligner is not None,
         )
 
-    def _detok(self, hyp: Hypothesis) -> TranslatedHypothesis:
+    def _detok(self, hyp: Hypothesis, src_ids: list[int]) -> TranslatedHypothesis:
         text = self.vocab.tgt.decode(hyp.tokens)
         # One output line per input line, whatever the vocabulary can produce.
         text = " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
-        return TranslatedHypothesis(text, hyp.score, hyp.log_prob, len(hyp.tokens))
+        alignment = None
+        if hyp.attention is not None:
+            cross = np.stack([step[0].cpu().numpy() for step in hyp.attention])
+            pairs = hard_alignment(
+                cross, self.vocab.src.pieces(src_ids), self.vocab.tgt.pieces(hyp.tokens)
+            )
+            alignment = format_alignment(pairs)
+        return TranslatedHypothesis(text, hyp.score, hyp.log_prob, len(hyp.tokens), alignment)
 
 
 def translate_lines(
@@ -356,7 +395,12 @@ def translate_stream(
 
 
 def format_translations(
-    results: list[Translation], first_line: int, seconds: float, nbest: int, as_json: bool
+    results: list[Translation],
+    first_line: int,
+    seconds: float,
+    nbest: int,
+    as_json: bool,
+    alignment: bool = False,
 ) -> bytes:
     """The output of one chunk.
 
@@ -364,6 +408,8 @@ def format_translations(
     lines `N ||| text ||| score ||| log_prob` (N the 0-based input line), nbest per input.
     JSON: one object per input line with the source, the hypotheses and their scores, and
     the decoding time of the chunk the line was translated in.
+    With `alignment`, plain lines become `text ||| i-j ...` and n-best lines end with
+    `||| i-j ...` (an empty line's alignment is empty); JSON hypotheses get "alignment".
     """
     out: list[str] = []
     for n, result in enumerate(results, start=first_line):
@@ -372,7 +418,13 @@ def format_translations(
                 "line": n,
                 "source": result.source,
                 "hypotheses": [
-                    {"text": h.text, "score": h.score, "log_prob": h.log_prob, "tokens": h.length}
+                    {
+                        "text": h.text,
+                        "score": h.score,
+                        "log_prob": h.log_prob,
+                        "tokens": h.length,
+                        **({"alignment": h.alignment} if h.alignment is not None else {}),
+                    }
                     for h in result.hypotheses
                 ],
                 "truncated": result.truncated,
@@ -380,8 +432,15 @@ def format_translations(
             }
             out.append(json.dumps(record, ensure_ascii=False))
         elif nbest > 1:
-            hyps = result.hypotheses or [TranslatedHypothesis("", 0.0, 0.0, 0)]
-            out.extend(f"{n - 1} ||| {h.text} ||| {h.score:.6f} ||| {h.log_prob:.6f}" for h in hyps)
+            hyps = result.hypotheses or [TranslatedHypothesis("", 0.0, 0.0, 0, "")]
+            out.extend(
+                f"{n - 1} ||| {h.text} ||| {h.score:.6f} ||| {h.log_prob:.6f}"
+                + (f" ||| {h.alignment or ''}" if alignment else "")
+                for h in hyps
+            )
+        elif alignment:
+            best = result.hypotheses[0].alignment if result.hypotheses else ""
+            out.append(f"{result.text} ||| {best or ''}")
         else:
             out.append(result.text)
     text = "".join(line + "\n" for line in out)

@@ -1,0 +1,79 @@
+"""matplotlib on demand, and figures written the way every file of a run is written.
+
+Figures are built as `matplotlib.figure.Figure` objects, not through pyplot: no global
+figure registry, no backend switch in a process that embeds nmt, and PNG/SVG are rendered
+by the Agg and SVG canvases that `savefig` picks by format.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nmt_cli.core.files import atomic_path
+from nmt_cli.errors import NmtError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+INSTALL_HINT = "pip install 'nmt-cli[plot]'"
+IMAGE_FORMATS = ("png", "svg")
+
+
+class PlottingUnavailable(NmtError):
+    """matplotlib is not installed."""
+
+
+def plotting_available() -> bool:
+    """Whether matplotlib can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except ValueError:  # a module set to None in sys.modules (tests simulate absence so)
+        return False
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """An empty figure of `width` x `height` inches; matplotlib is imported here."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlottingUnavailable(
+            f"drawing PNG/SVG pictures needs matplotlib, which is not installed: {INSTALL_HINT}"
+        ) from None
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def save_figure(fig: Figure, stem: Path, formats: Sequence[str], dpi: int = 110) -> list[Path]:
+    """Write `fig` as stem.png / stem.svg (atomically); returns the paths written.
+
+    SVG output is made reproducible (no date, fixed element ids), so a regenerated figure
+    that did not change gives the same file."""
+    import matplotlib
+
+    written = []
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        metadata: dict[str, Any] = {"Date": None} if fmt == "svg" else {"Software": None}
+        with matplotlib.rc_context({"svg.hashsalt": "nmt"}), atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=dpi, metadata=metadata)
+        written.append(path)
+    return written
+
+
+def check_out_dir(path: Path, option: str = "--out") -> Path:
+    """Create the output directory, or explain in one line why it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NmtError(f"{option} {path}: cannot create the directory ({exc.strerror})") from None
+    if not path.is_dir():
+        raise NmtError(f"{option} {path}: not a directory")
+    probe = path / ".nmt-write-test"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise NmtError(f"{option} {path}: cannot write there ({exc.strerror})") from None
+    return path
