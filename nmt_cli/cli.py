@@ -7,6 +7,7 @@ import typer
 from nmt_cli import __version__
 from nmt_cli.commands.attention import attention
 from nmt_cli.commands.average import average_checkpoints
+from nmt_cli.commands.plot import plot
 from nmt_cli.commands.prepare import prepare_command
 from nmt_cli.commands.run import run
 from nmt_cli.commands.score import score
@@ -49,6 +50,7 @@ app.command("average-checkpoints")(average_checkpoints)
 app.command("score")(score)
 app.command("run")(run)
 app.command("attention")(attention)
+app.command("plot")(plot)
 
 
 def main() -> None:

@@ -1,6 +1,8 @@
 """`nmt run`: one recipe, every stage, in order, resumable after any interruption.
 
-prepare -> train -> average -> translate -> score. Each stage either finds its output
+prepare -> train -> average -> translate -> score, then the training curves
+(curves-steps/curves-time .png/.svg in the run directory, when matplotlib is installed).
+Each stage either finds its output
 complete and skips, or (re)does its work: prepare skips its finished stages, train resumes
 from the run's last checkpoint (its time budget counts across restarts), and average,
 translate and score write their outputs atomically, so a file that exists is complete.
@@ -23,9 +25,12 @@ from nmt_cli.core.files import atomic_write_text
 from nmt_cli.core.transformer import count_parameters
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.average import average_checkpoints, select_last
+from nmt_cli.engines.pictures.backend import INSTALL_HINT, plotting_available
+from nmt_cli.engines.pictures.curves import write_curves
 from nmt_cli.engines.prepare import Progress, prepare, prepare_from_data_config
 from nmt_cli.engines.score import ScoreSettings, score_lines
 from nmt_cli.engines.train import EventSink, TrainOptions, train
+from nmt_cli.engines.training_log import METRICS, read_run_log
 from nmt_cli.engines.translate import set_threads, translate_lines
 from nmt_cli.errors import NmtError
 
@@ -124,7 +129,20 @@ def run_recipe(
         _training_facts(run_dir, result)
         atomic_write_text(run_dir / RESULTS, json.dumps(result.to_dict(), indent=2) + "\n")
         hooks.stage(StageNotice("score", "done", str(run_dir / RESULTS)))
+    if options.runs("train") or STAGES.index(options.from_stage) > STAGES.index("train"):
+        hooks.stage(StageNotice("plot", "done", _plot(run_dir)))
     return result
+
+
+def _plot(run_dir: Path) -> str:
+    """Training curves into the run directory; a notice, never a failure, without
+    matplotlib (the run itself succeeded)."""
+    if not (run_dir / METRICS).is_file():
+        return f"no {METRICS}, no training curves"
+    if not plotting_available():
+        return f"matplotlib is not installed, so no training curves ({INSTALL_HINT})"
+    written = write_curves([read_run_log(run_dir)], run_dir)
+    return "wrote " + ", ".join(p.name for p in written)
 
 
 def _prepare(recipe: RecipeConfig, hooks: RunHooks) -> str:
