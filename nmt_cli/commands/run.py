@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from nmt_cli.commands.common import SET_HELP, err_console, recipe_from_cli, user_errors
@@ -44,7 +45,8 @@ def run(
             elif notice.status == "done" and notice.stage == "prepare":
                 progress.__exit__(None, None, None)
             if notice.status != "start" and notice.detail:
-                err_console.print(f"[dim]{notice.stage}: {notice.detail}[/]", highlight=False)
+                detail = escape(notice.detail)
+                err_console.print(f"[dim]{notice.stage}: {detail}[/]", highlight=False)
 
         hooks = RunHooks(stage=on_stage, prepare=progress, train=display)
         try:

@@ -72,6 +72,10 @@ def test_checkpoints_rotation_metrics_and_schedule(data: Path, tmp_path: Path) -
     # Equation (3) at every step, d_model 32 and warm-up 4.
     lrs = [e.lr for e in events if isinstance(e, StepDone)]
     assert lrs == pytest.approx([paper_learning_rate(s, 32, 4) for s in range(1, 8)])
+    # Every train record (one per step here) carries that step's gradient norm.
+    norms = [e.grad_norm for e in events if isinstance(e, StepDone)]
+    logged = [r["grad_norm"] for r in records if r["type"] == "train"]
+    assert logged == pytest.approx(norms) and all(n > 0 for n in norms)
 
 
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(data: Path, tmp_path: Path) -> None:

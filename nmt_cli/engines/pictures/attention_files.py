@@ -22,7 +22,12 @@ from nmt_cli.engines.attention import AttentionMaps
 from nmt_cli.engines.attention_views import check_layer
 from nmt_cli.engines.pictures.attention_html import attention_page
 from nmt_cli.engines.pictures.attention_plots import Panel, draw_heatmaps, draw_lines
-from nmt_cli.engines.pictures.backend import IMAGE_FORMATS, check_out_dir, save_figure
+from nmt_cli.engines.pictures.backend import (
+    IMAGE_FORMATS,
+    check_out_dir,
+    require_plotting,
+    save_figure,
+)
 from nmt_cli.errors import NmtError
 
 FORMATS = (*IMAGE_FORMATS, "html")
@@ -59,9 +64,11 @@ def write_attention_pictures(maps: AttentionMaps, options: AttentionPictureOptio
             raise NmtError(f"--head {options.head}: the model has {heads} heads; use 1 to {heads}")
         head = options.head - 1
     focus = _focus(options.focus, maps.source)
+    images = tuple(f for f in options.formats if f in IMAGE_FORMATS)
+    if images:
+        require_plotting()
     out = check_out_dir(options.out_dir)
     written: list[Path] = []
-    images = tuple(f for f in options.formats if f in IMAGE_FORMATS)
     if images:
         written += _images(maps, out, images, enc, dec, head, focus)
     if "html" in options.formats:

@@ -7,7 +7,6 @@ by the Agg and SVG canvases that `savefig` picks by format.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,36 +26,47 @@ class PlottingUnavailable(NmtError):
 
 
 def plotting_available() -> bool:
-    """Whether matplotlib can be imported, without importing it."""
+    """Whether matplotlib can be imported (it is, when it can)."""
     try:
-        return importlib.util.find_spec("matplotlib") is not None
-    except ValueError:  # a module set to None in sys.modules (tests simulate absence so)
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
         return False
+    return True
+
+
+def require_plotting() -> None:
+    """Raise the one-line install hint unless matplotlib can be imported; called before
+    any work whose pictures would be lost."""
+    if not plotting_available():
+        raise PlottingUnavailable(
+            f"drawing PNG/SVG pictures needs matplotlib, which is not installed: {INSTALL_HINT}"
+        )
 
 
 def new_figure(width: float, height: float) -> Figure:
     """An empty figure of `width` x `height` inches; matplotlib is imported here."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise PlottingUnavailable(
-            f"drawing PNG/SVG pictures needs matplotlib, which is not installed: {INSTALL_HINT}"
-        ) from None
+    require_plotting()
+    from matplotlib.figure import Figure
+
     return Figure(figsize=(width, height), layout="constrained")
 
 
 def save_figure(fig: Figure, stem: Path, formats: Sequence[str], dpi: int = 110) -> list[Path]:
     """Write `fig` as stem.png / stem.svg (atomically); returns the paths written.
 
-    SVG output is made reproducible (no date, fixed element ids), so a regenerated figure
-    that did not change gives the same file."""
+    SVG output keeps its text as text (small, searchable, selectable) and is reproducible
+    (no date, fixed element ids): a regenerated figure that did not change is the same
+    file."""
     import matplotlib
 
     written = []
     for fmt in formats:
         path = stem.with_name(f"{stem.name}.{fmt}")
         metadata: dict[str, Any] = {"Date": None} if fmt == "svg" else {"Software": None}
-        with matplotlib.rc_context({"svg.hashsalt": "nmt"}), atomic_path(path) as tmp:
+        with (
+            matplotlib.rc_context({"svg.hashsalt": "nmt", "svg.fonttype": "none"}),
+            atomic_path(path) as tmp,
+        ):
             fig.savefig(tmp, format=fmt, dpi=dpi, metadata=metadata)
         written.append(path)
     return written

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from nmt_cli.engines.pictures.backend import IMAGE_FORMATS, check_out_dir, new_figure, save_figure
+from nmt_cli.engines.pictures.backend import (
+    IMAGE_FORMATS,
+    check_out_dir,
+    new_figure,
+    require_plotting,
+    save_figure,
+)
 from nmt_cli.engines.training_log import RunLog, Series
 
 if TYPE_CHECKING:
@@ -90,6 +96,7 @@ def write_curves(
     runs: Sequence[RunLog], out_dir: Path, formats: Sequence[str] = IMAGE_FORMATS
 ) -> list[Path]:
     """Draw both figures into `out_dir`; returns the files written."""
+    require_plotting()
     out = check_out_dir(out_dir)
     written: list[Path] = []
     for axis, name in (("step", "curves-steps"), ("time", "curves-time")):
