@@ -14,8 +14,10 @@ from nmt_cli.engines.attention_views import default_layer
 from nmt_cli.engines.pictures.attention_files import (
     FORMATS,
     AttentionPictureOptions,
+    check_picture_options,
     write_attention_pictures,
 )
+from nmt_cli.engines.pictures.backend import check_out_dir
 from nmt_cli.engines.translate import LENGTH_PENALTY_HELP, Translator
 from nmt_cli.errors import NmtError
 
@@ -74,6 +76,9 @@ def attention(
             focus=focus,
             formats=tuple(f.strip().lower() for f in formats.split(",") if f.strip()),
         )
+        shape = ckpt.model_config
+        check_picture_options(options, shape.encoder_layers, shape.decoder_layers, shape.n_heads)
+        check_out_dir(out)
         translator = Translator.from_checkpoint(ckpt, cfg)
         maps = record_attention(translator, sentence)
         if words:

@@ -59,6 +59,10 @@ def test_run_goes_from_nothing_to_a_results_table(finished_run: Path) -> None:
     assert averaged.st_size > 0
     test_lines = (finished_run / "data" / "test.src.txt").read_text().count("\n")
     assert (run_dir / "test.averaged.hyp").read_text().count("\n") == test_lines
+    # The training curves are drawn into the run directory at the end.
+    for name in ("curves-steps", "curves-time"):
+        assert (run_dir / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (run_dir / f"{name}.svg").stat().st_size > 1000
 
 
 def test_rerun_skips_finished_stages(finished_run: Path) -> None:

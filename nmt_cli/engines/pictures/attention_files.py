@@ -50,27 +50,45 @@ class AttentionPictureOptions:
             )
 
 
-def write_attention_pictures(maps: AttentionMaps, options: AttentionPictureOptions) -> list[Path]:
-    """Draw what `options` asks for into options.out_dir; returns the files written."""
-    enc_layers, heads = maps.encoder.shape[:2]
-    dec_layers = maps.decoder.shape[0]
-    enc = check_layer(options.encoder_layer, enc_layers, "--layer", "encoder")
+@dataclass(frozen=True)
+class _Choice:
+    """The options checked against the model, as 0-based indices."""
+
+    encoder_layer: int
+    decoder_layer: int | None
+    head: int | None
+    images: tuple[str, ...]
+
+
+def check_picture_options(
+    options: AttentionPictureOptions, encoder_layers: int, decoder_layers: int, heads: int
+) -> _Choice:
+    """Refuse layers and heads the model does not have, and image formats without
+    matplotlib, before any translation is spent on pictures that cannot be drawn."""
+    enc = check_layer(options.encoder_layer, encoder_layers, "--layer", "encoder")
     dec = None
     if options.decoder_layer is not None:
-        dec = check_layer(options.decoder_layer, dec_layers, "--decoder-layer", "decoder")
+        dec = check_layer(options.decoder_layer, decoder_layers, "--decoder-layer", "decoder")
     head = None
     if options.head is not None:
         if not 1 <= options.head <= heads:
             raise NmtError(f"--head {options.head}: the model has {heads} heads; use 1 to {heads}")
         head = options.head - 1
-    focus = _focus(options.focus, maps.source)
     images = tuple(f for f in options.formats if f in IMAGE_FORMATS)
     if images:
         require_plotting()
+    return _Choice(enc, dec, head, images)
+
+
+def write_attention_pictures(maps: AttentionMaps, options: AttentionPictureOptions) -> list[Path]:
+    """Draw what `options` asks for into options.out_dir; returns the files written."""
+    layers, heads = maps.encoder.shape[:2]
+    choice = check_picture_options(options, layers, maps.decoder.shape[0], heads)
+    focus = _focus(options.focus, maps.source)
     out = check_out_dir(options.out_dir)
     written: list[Path] = []
-    if images:
-        written += _images(maps, out, images, enc, dec, head, focus)
+    if choice.images:
+        written += _images(maps, out, choice, focus)
     if "html" in options.formats:
         page = out / "attention.html"
         atomic_write_text(page, attention_page(maps))
@@ -87,15 +105,8 @@ def _focus(token: str | None, tokens: Sequence[str]) -> list[int]:
     return found
 
 
-def _images(
-    maps: AttentionMaps,
-    out: Path,
-    formats: tuple[str, ...],
-    enc: int,
-    dec: int | None,
-    head: int | None,
-    focus: list[int],
-) -> list[Path]:
+def _images(maps: AttentionMaps, out: Path, choice: _Choice, focus: list[int]) -> list[Path]:
+    enc, dec, head, formats = choice.encoder_layer, choice.decoder_layer, choice.head, choice.images
     enc_layers, heads = maps.encoder.shape[:2]
     chosen = [head] if head is not None else list(range(heads))
     where = f"layer {enc + 1} of {enc_layers}"
