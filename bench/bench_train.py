@@ -1,6 +1,6 @@
 """Training throughput on this machine: target tokens/s and the fraction of matmul peak.
 
-Runs the training engine's own update (`nmt_cli.engines.train_step.Updater`: forward,
+Runs the training engine's own update (`nmt_cli.engines.train.step.Updater`: forward,
 label-smoothed loss, backward, Adam) on length-grouped batches shaped like Multi30k
 (about 13 source / 14 target tokens a sentence), for the small Multi30k model (3+3 layers,
 d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512, 2048,
@@ -35,7 +35,7 @@ from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
-from nmt_cli.engines.train_step import Updater
+from nmt_cli.engines.train.step import Updater
 
 MODELS = {
     "small": ModelConfig(

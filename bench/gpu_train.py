@@ -27,7 +27,7 @@ from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
-from nmt_cli.engines.train_step import Updater
+from nmt_cli.engines.train.step import Updater
 
 MODELS = {
     "base": ModelConfig(src_vocab_size=37000, tgt_vocab_size=37000),

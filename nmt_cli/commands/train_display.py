@@ -9,7 +9,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from nmt_cli.engines.train import TrainResult
-from nmt_cli.engines.train_events import (
+from nmt_cli.engines.train.events import (
     CheckpointSaved,
     Notice,
     StepDone,

@@ -27,6 +27,8 @@ from nmt_cli.engines.translate import (
 )
 from nmt_cli.errors import NmtError
 
+_D = DecodeConfig()  # the defaults: the paper's decoding settings (section 6.1)
+
 
 def translate(
     model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (.pt) to translate with."),
@@ -34,20 +36,24 @@ def translate(
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Output file, written atomically (default: stdout)."
     ),
-    beam: int = typer.Option(4, "--beam", help="Beam size; 1 = greedy."),
-    alpha: float = typer.Option(0.6, "--alpha", help=LENGTH_PENALTY_HELP + "."),
-    max_len_a: float = typer.Option(1.0, "--max-len-a", help="Max output = a * |src| + b."),
-    max_len_b: int = typer.Option(50, "--max-len-b", help="See --max-len-a."),
-    nbest: int = typer.Option(1, "--nbest", help="Print the K best as 'N ||| text ||| score'."),
-    batch_size: int = typer.Option(128, "--batch-size", help="Sentences per batch."),
-    batch_tokens: int = typer.Option(
-        0, "--batch-tokens", help="Padded source tokens per batch; 0 = no limit."
+    beam: int = typer.Option(_D.beam_size, "--beam", help="Beam size; 1 = greedy."),
+    alpha: float = typer.Option(_D.length_penalty, "--alpha", help=LENGTH_PENALTY_HELP + "."),
+    max_len_a: float = typer.Option(
+        _D.max_len_a, "--max-len-a", help="Max output = a * |src| + b."
     ),
-    precision: str = typer.Option("auto", "--precision", help="fp32, bf16, fp16 or auto."),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads; 0 = all cores."),
+    max_len_b: int = typer.Option(_D.max_len_b, "--max-len-b", help="See --max-len-a."),
+    nbest: int = typer.Option(
+        _D.nbest, "--nbest", help="Print the K best as 'N ||| text ||| score'."
+    ),
+    batch_size: int = typer.Option(_D.batch_sentences, "--batch-size", help="Sentences per batch."),
+    batch_tokens: int = typer.Option(
+        _D.batch_tokens, "--batch-tokens", help="Padded source tokens per batch; 0 = no limit."
+    ),
+    precision: str = typer.Option(_D.precision, "--precision", help="fp32, bf16, fp16 or auto."),
+    device: str = typer.Option(_D.device, "--device", help="cpu, cuda, cuda:N or auto."),
+    threads: int = typer.Option(_D.threads, "--threads", help="CPU threads; 0 = all cores."),
     workers: int = typer.Option(
-        0, "--workers", help="Batches decoded at once on CPU; 0 = one per thread."
+        _D.workers, "--workers", help="Batches decoded at once on CPU; 0 = one per thread."
     ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines with scores and timing."),
     alignment: bool = typer.Option(

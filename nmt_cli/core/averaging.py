@@ -24,18 +24,24 @@ class AveragingError(ValueError):
     """The state dicts cannot be averaged: different keys, shapes or kinds of tensor."""
 
 
-def first_difference(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> str | None:
-    """The first (sorted) key whose value differs between two plain mappings, described
-    for a person ("d_model: 512 vs 256"), or None if they are equal."""
+def differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Every (sorted) key whose value differs between two plain mappings, described for a
+    person ("d_model: 512 vs 256"); empty when they are equal."""
+    found = []
     for key in sorted(set(a) | set(b)):
         name = f"{prefix}{key}"
         if key not in a or key not in b:
-            return f"{name}: {'missing' if key not in a else repr(a[key])} vs " + (
-                "missing" if key not in b else repr(b[key])
-            )
-        if a[key] != b[key]:
-            return f"{name}: {a[key]!r} vs {b[key]!r}"
-    return None
+            left = "missing" if key not in a else repr(a[key])
+            found.append(f"{name}: {left} vs " + ("missing" if key not in b else repr(b[key])))
+        elif a[key] != b[key]:
+            found.append(f"{name}: {a[key]!r} vs {b[key]!r}")
+    return found
+
+
+def first_difference(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> str | None:
+    """The first of `differences`, or None when the mappings are equal."""
+    found = differences(a, b, prefix)
+    return found[0] if found else None
 
 
 def _is_float(t: Tensor) -> bool:

@@ -152,6 +152,18 @@ class Batch:
         )
 
 
+def pad_sources(rows: Sequence[Sequence[int] | np.ndarray], multiple: int = 1) -> Tensor:
+    """(B, S) source tensor: every row + EOS, right-padded with PAD to the longest row
+    (rounded up to a multiple of `multiple`, so that decoding sees few distinct shapes)."""
+    width = max(len(r) for r in rows) + 1
+    width = -(-width // multiple) * multiple
+    arr = np.full((len(rows), width), PAD_ID, dtype=np.int64)
+    for row, ids in enumerate(rows):
+        arr[row, : len(ids)] = ids
+        arr[row, len(ids)] = EOS_ID
+    return torch.from_numpy(arr)
+
+
 def collate(
     src: TokenStore | Sequence[np.ndarray],
     tgt: TokenStore | Sequence[np.ndarray],
@@ -163,16 +175,12 @@ def collate(
     src_seqs = [src[i] for i in idx]
     tgt_seqs = [tgt[i] for i in idx]
     b = len(idx)
-    s_len = max(len(x) for x in src_seqs) + 1
     t_len = max(len(y) for y in tgt_seqs) + 1
-    src_arr = np.full((b, s_len), PAD_ID, dtype=np.int64)
     tin_arr = np.full((b, t_len), PAD_ID, dtype=np.int64)
     tout_arr = np.full((b, t_len), PAD_ID, dtype=np.int64)
     src_tokens = tgt_tokens = 0
     for row, (x, y) in enumerate(zip(src_seqs, tgt_seqs, strict=True)):
         n, m = len(x), len(y)
-        src_arr[row, :n] = x
-        src_arr[row, n] = EOS_ID
         tin_arr[row, 0] = BOS_ID
         tin_arr[row, 1 : m + 1] = y
         tout_arr[row, :m] = y
@@ -180,7 +188,7 @@ def collate(
         src_tokens += n + 1
         tgt_tokens += m + 1
     return Batch(
-        torch.from_numpy(src_arr),
+        pad_sources(src_seqs),
         torch.from_numpy(tin_arr),
         torch.from_numpy(tout_arr),
         src_tokens,

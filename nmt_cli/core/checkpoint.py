@@ -127,7 +127,12 @@ def checkpoint_from_dict(raw: Any, path: str | Path = "<memory>") -> Checkpoint:
         )
     try:
         known = {f.name for f in dataclasses.fields(ModelConfig)}
-        config = ModelConfig(**{k: v for k, v in raw["model_config"].items() if k in known})
+        fields = {k: v for k, v in raw["model_config"].items() if k in known}
+        if "joint_vocab" not in fields:
+            # Format 1 files from before the tie followed the vocabulary: they tied the
+            # source embedding whenever the two sizes matched, and were trained that way.
+            fields["joint_vocab"] = fields.get("src_vocab_size") == fields.get("tgt_vocab_size")
+        config = ModelConfig(**fields)
         vocab = VocabPair.from_protos(raw["vocab"]["src"], raw["vocab"]["tgt"])
         return Checkpoint(
             model_config=config,

@@ -50,6 +50,7 @@ class ModelConfig:
     tgt_vocab_size: int = 0
     pad_id: int = 0
     share_embeddings: bool = True
+    joint_vocab: bool = True  # one vocabulary for both sides; filled in from the data
 
     def __post_init__(self) -> None:
         for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "n_heads"):
@@ -63,6 +64,12 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout", "relu_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        sizes = (self.src_vocab_size, self.tgt_vocab_size)
+        if self.joint_vocab and all(sizes) and sizes[0] != sizes[1]:
+            raise ValueError(
+                f"a joint vocabulary has one size, got {self.src_vocab_size} source and "
+                f"{self.tgt_vocab_size} target pieces"
+            )
         if self.positions not in ("sinusoidal", "learned"):
             raise ValueError(
                 f"model.positions must be 'sinusoidal' or 'learned', got {self.positions!r}"
@@ -77,10 +84,13 @@ class ModelConfig:
         return self.d_v if self.d_v is not None else self.d_model // self.n_heads
 
     @property
-    def shared_vocab(self) -> bool:
-        """One matrix for source, target and output (three-way tie) when the vocabularies
-        are one; otherwise only target embedding and output projection are tied."""
-        return self.share_embeddings and self.src_vocab_size == self.tgt_vocab_size
+    def three_way_tying(self) -> bool:
+        """Section 3.4: "we share the same weight matrix between the two embedding layers
+        and the pre-softmax linear transformation". That needs one vocabulary for both
+        sides: with two SentencePiece models, source piece 10 and target piece 10 are
+        different strings, so the source gets its own matrix and only the target embedding
+        and the output projection stay tied (whatever the two sizes)."""
+        return self.share_embeddings and self.joint_vocab
 
 
 def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
@@ -323,7 +333,7 @@ class Transformer(nn.Module):
         tgt_tokens = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         src_tokens = (
             tgt_tokens
-            if cfg.shared_vocab
+            if cfg.three_way_tying
             else nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         )
         for emb in {id(e): e for e in (src_tokens, tgt_tokens)}.values():

@@ -29,11 +29,6 @@ class Vocab:
         proc.LoadFromSerializedProto(model_proto)
         return cls(model_proto=bytes(model_proto), processor=proc)
 
-    @classmethod
-    def from_file(cls, path: str) -> Vocab:
-        with open(path, "rb") as fh:
-            return cls.from_proto(fh.read())
-
     def __len__(self) -> int:
         return int(self.processor.GetPieceSize())
 
@@ -46,6 +41,8 @@ class Vocab:
         return str(self.processor.Decode([i for i in ids if i > EOS_ID]))
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
+        """Ids -> SentencePiece pieces ("▁" starts a word), as attention pictures and word
+        alignments need them."""
         return [str(self.processor.IdToPiece(i)) for i in ids]
 
 

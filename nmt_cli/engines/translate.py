@@ -26,10 +26,12 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
+from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.core.vocab import EOS_ID, PAD_ID, VocabPair
+from nmt_cli.core.vocab import VocabPair
 from nmt_cli.engines.alignment import format_alignment, hard_alignment
 from nmt_cli.engines.attention_views import CrossAttentionOf, check_layer
 from nmt_cli.errors import NmtError
@@ -91,29 +93,6 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def cpu_supports_bf16() -> bool:
-    """bf16 matrix products are fast only with AVX512-BF16 or AMX (oneDNN knows)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """auto: bf16 where the hardware runs it fast (AMX/AVX512-BF16 CPUs, Ampere+ GPUs)."""
-    if precision == "fp32":
-        return torch.float32
-    if precision == "bf16":
-        return torch.bfloat16
-    if precision == "fp16":
-        if device.type != "cuda":
-            raise NmtError("--precision fp16 needs a CUDA device; on a CPU use bf16 or fp32")
-        return torch.float16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
-
-
 def available_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -158,7 +137,7 @@ class Translator:
         """Build the model on the configured device and cast it to the configured precision
         (log-softmax stays in float32 inside the model)."""
         device = resolve_device(cfg.device)
-        dtype = resolve_dtype(cfg.precision, device)
+        dtype = dtype_of(resolve_precision(cfg.precision, device, "--precision"))
         model = ckpt.build_model().to(device=device, dtype=dtype)
         return cls(model, ckpt.vocab, cfg, workers, alignment_layer)
 
@@ -237,12 +216,7 @@ class Translator:
         """Source ids -> (B, width) ids + EOS, right-padded, on the model's device."""
         # Widths in steps of 8 (masked padding): few distinct shapes for oneDNN to build
         # kernels for, as with the batch sizes in search.batch_bucket.
-        width = -(-(max(len(r) for r in rows) + 1) // 8) * 8
-        src = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-        for n, r in enumerate(rows):
-            src[n, : len(r)] = torch.tensor(r, dtype=torch.long)
-            src[n, len(r)] = EOS_ID
-        return src.to(self.device)
+        return pad_sources(rows, multiple=8).to(self.device)
 
     def _search(self, src: Tensor) -> list[list[Hypothesis]]:
         cfg = self.cfg

@@ -46,6 +46,7 @@ def tiny_config(
         dropout=0.0,
         src_vocab_size=len(vocab.src),
         tgt_vocab_size=len(vocab.tgt),
+        joint_vocab=vocab.joint,
         max_positions=max_positions,
     )
 

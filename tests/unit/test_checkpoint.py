@@ -13,6 +13,7 @@ from nmt_cli.core.checkpoint import (
     FORMAT_VERSION,
     Checkpoint,
     CheckpointError,
+    checkpoint_from_dict,
     load_checkpoint,
     model_state,
     save_checkpoint,
@@ -127,3 +128,16 @@ def test_config_survives_unknown_future_fields(
     path = tmp_path / "c.pt"
     torch.save(raw, path)
     assert isinstance(load_checkpoint(path).model_config, ModelConfig)
+
+
+def test_a_checkpoint_from_before_the_vocabulary_decided_the_tie_loads_as_trained(
+    tiny_model: Transformer, vocab: VocabPair
+) -> None:
+    """Format-1 files without `joint_vocab` tied the source embedding whenever the two
+    vocabulary sizes matched; they must rebuild exactly that model."""
+    raw = _checkpoint(tiny_model, vocab).to_dict()
+    del raw["model_config"]["joint_vocab"]
+    old = checkpoint_from_dict(raw)
+    assert old.model_config.joint_vocab
+    model = old.build_model()
+    assert model.src_embed.tokens.weight is model.tgt_embed.tokens.weight

@@ -8,8 +8,8 @@ import torch
 from train_data import ddp_update_worker, make_data_dir, tiny_recipe
 
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.distributed import LaunchSpec, launch
 from nmt_cli.engines.train import TrainOptions, train
+from nmt_cli.engines.train.distributed import LaunchSpec, launch
 
 
 def test_two_process_update_equals_one_process_with_twice_the_batch() -> None:

@@ -16,12 +16,14 @@ from train_data import make_data_dir, pairs, tiny_recipe, with_model
 
 from nmt_cli.config import TrainConfig
 from nmt_cli.core.checkpoint import load_checkpoint
+from nmt_cli.core.precision import cpu_supports_bf16
 from nmt_cli.core.schedule import paper_learning_rate
 from nmt_cli.core.vocab import train_sentencepiece
-from nmt_cli.engines import train_step
-from nmt_cli.engines.run_dir import RunDir, RunDirLocked
-from nmt_cli.engines.train import TrainOptions, derive_split, train
-from nmt_cli.engines.train_events import Notice, StepDone, TrainEvent, TrainStarted
+from nmt_cli.engines.train import TrainOptions, train
+from nmt_cli.engines.train import step as train_step
+from nmt_cli.engines.train.events import Notice, StepDone, TrainEvent, TrainStarted
+from nmt_cli.engines.train.feed import derive_split
+from nmt_cli.engines.train.run_dir import RunDir, RunDirLocked
 from nmt_cli.errors import NmtError
 
 
@@ -105,7 +107,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(data: Path, tmp_
 def test_resume_refuses_a_changed_model_or_vocabulary(data: Path, tmp_path: Path) -> None:
     recipe = tiny_recipe(data, tmp_path / "run", max_steps=1, save_interval_steps=0)
     train(recipe)
-    with pytest.raises(NmtError, match=r"model\.d_ff 64 -> 128"):
+    with pytest.raises(NmtError, match=r"model\.d_ff: 64 vs 128"):
         train(with_model(recipe, d_ff=128))
     other = make_data_dir(tmp_path / "other")
     lines = [" ".join(w[::-1] for w in src.split()) for src, _ in pairs(300, seed=4)]
@@ -183,7 +185,7 @@ def test_stops_on_max_epochs_and_on_max_time(data: Path, tmp_path: Path) -> None
 
 
 def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
-    if not train_step.cpu_supports_bf16():
+    if not cpu_supports_bf16():
         pytest.skip("this CPU has no native bf16")
     events: list[TrainEvent] = []
     result = train(tiny_recipe(data, tmp_path / "run", precision="auto"), on_event=events.append)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nmt_cli.engines.threads import ThreadTuner
+from nmt_cli.engines.train.threads import ThreadTuner
 
 
 def simulate(speed: dict[int, float], updates: int) -> tuple[ThreadTuner, list[int]]:

@@ -128,12 +128,22 @@ def test_three_way_tie_shares_one_tensor(tiny_model: Transformer) -> None:
     assert tied == 1
 
 
-def test_two_way_tie_with_separate_vocabularies(tiny_config: ModelConfig) -> None:
-    model = Transformer(dataclasses.replace(tiny_config, src_vocab_size=30, tgt_vocab_size=50))
+@pytest.mark.parametrize("src_size", [30, 50])
+def test_two_way_tie_with_separate_vocabularies(tiny_config: ModelConfig, src_size: int) -> None:
+    """Two vocabularies never share the source embedding, even when their sizes match."""
+    cfg = dataclasses.replace(
+        tiny_config, src_vocab_size=src_size, tgt_vocab_size=50, joint_vocab=False
+    )
+    model = Transformer(cfg)
     assert model.src_embed.tokens.weight is not model.tgt_embed.tokens.weight
     assert model.output_weight is model.tgt_embed.tokens.weight
-    src, tgt = torch.randint(4, 30, (2, 5)), torch.randint(4, 50, (2, 4))
+    src, tgt = torch.randint(4, src_size, (2, 5)), torch.randint(4, 50, (2, 4))
     assert model(src, tgt).shape == (2, 4, 50)
+
+
+def test_a_joint_vocabulary_has_one_size(tiny_config: ModelConfig) -> None:
+    with pytest.raises(ValueError, match="joint vocabulary has one size"):
+        dataclasses.replace(tiny_config, src_vocab_size=30, tgt_vocab_size=50)
 
 
 def test_learned_positions(tiny_config: ModelConfig) -> None:

@@ -24,8 +24,8 @@ from nmt_cli.core.batching import Batch, collate
 from nmt_cli.core.data import TokenStore, TokenStoreWriter
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import Vocab, train_sentencepiece
-from nmt_cli.engines.distributed import DistContext
-from nmt_cli.engines.train_step import Updater
+from nmt_cli.engines.train.distributed import DistContext
+from nmt_cli.engines.train.step import Updater
 
 WORDS = [
     "the",

@@ -12,15 +12,17 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
-from nmt_cli.core.batching import Batch, collate, length_grouped_batches
+from nmt_cli.config import RecipeConfig
+from nmt_cli.core.batching import Batch, collate, length_grouped_batches, pad_sources
 from nmt_cli.core.data import TokenStore
+from nmt_cli.core.precision import autocast
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.core.vocab import EOS_ID, PAD_ID, Vocab
-from nmt_cli.engines.train_step import autocast
+from nmt_cli.core.vocab import PAD_ID, Vocab
+from nmt_cli.data_dir import PreparedData
+from nmt_cli.engines.train.events import BatchSplit
 
 
 @dataclass(frozen=True)
@@ -112,16 +114,46 @@ def greedy_bleu(
     hyps: list[str] = []
     try:
         for lo in range(0, n, batch_size):
-            rows = [dev.src[i] for i in range(lo, min(n, lo + batch_size))]
-            width = max(len(r) for r in rows) + 1
-            arr = np.full((len(rows), width), PAD_ID, dtype=np.int64)
-            for j, r in enumerate(rows):
-                arr[j, : len(r)] = r
-                arr[j, len(r)] = EOS_ID
-            src = torch.from_numpy(arr).to(device)
+            src = pad_sources([dev.src[i] for i in range(lo, min(n, lo + batch_size))])
+            src = src.to(device)
             with autocast(precision, device):
                 results = greedy_search(model, src, max_len_a, max_len_b)
             hyps.extend(vocab.decode(r[0].tokens) for r in results)
     finally:
         model.train(was_training)
     return float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
+
+
+class Validator:
+    """The dev figures of the model being trained, as each step checkpoint records them."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        data: PreparedData,
+        recipe: RecipeConfig,
+        precision: str,
+        device: torch.device,
+        split: BatchSplit,
+    ) -> None:
+        self.model, self.data, self.recipe = model, data, recipe
+        self.precision, self.device = precision, device
+        self.dev = DevSet(*data.split("valid"), max_tokens=split.max_tokens)
+
+    def __call__(self) -> DevFigures:
+        tc, decode = self.recipe.train, self.recipe.decode
+        loss, nll = dev_loss(self.model, self.dev, tc.label_smoothing, self.precision, self.device)
+        bleu = None
+        if tc.validate_bleu_sentences > 0:
+            bleu = greedy_bleu(
+                self.model,
+                self.dev,
+                self.data.vocab.tgt,
+                tc.validate_bleu_sentences,
+                self.data.raw_text("valid", "tgt"),
+                decode.max_len_a,
+                decode.max_len_b,
+                self.precision,
+                self.device,
+            )
+        return DevFigures(loss, nll, bleu)

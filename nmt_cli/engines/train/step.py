@@ -23,34 +23,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli.core.batching import Batch
 from nmt_cli.core.losses import label_smoothed_sums
+from nmt_cli.core.precision import autocast
 from nmt_cli.core.schedule import set_learning_rate
 from nmt_cli.errors import NmtError
-
-
-def cpu_supports_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matrix products run in hardware (several times fp32)."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def resolve_precision(requested: str, device: torch.device) -> str:
-    """'auto' is bf16 where the hardware runs it natively, else fp32; fp16 needs a GPU."""
-    if requested == "auto":
-        if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if cpu_supports_bf16() else "fp32"
-    if requested == "fp16" and device.type != "cuda":
-        raise NmtError("train.precision = 'fp16' needs a GPU; on the CPU use 'bf16' or 'fp32'")
-    return requested
-
-
-def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
 
 
 @dataclass

@@ -1,0 +1,114 @@
+"""Is a change slower? `nmt train` and `nmt translate` of two git revisions, in one run.
+
+Each revision is checked out into a temporary worktree and run with this environment's
+Python (its packages, that revision's `nmt_cli` first on PYTHONPATH). Both train the
+demo recipe's model for the same number of steps on the same prepared data, then
+translate the same test set with the same checkpoint (beam 4, fp32 and bf16), rounds
+alternating A, B, A, B so that the host's drift hits both alike. Prints the median
+target tokens/s of training, the sentences/s of decoding, and B/A ratios.
+
+    .venv/bin/python bench/compare_revisions.py 68ba359 HEAD --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(cmd: list[str], cwd: Path, tree: Path | None = None) -> str:
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {shlex.join(cmd)}\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+NMT = [sys.executable, "-c", "from nmt_cli.cli import main; main()"]
+
+
+def train_rate(tree: Path, work: Path, data: Path, steps: int, tag: str) -> float:
+    run_dir = work / f"run-{tag}"
+    settings = [
+        f"data.dir={data}",
+        f"train.run_dir={run_dir}",
+        f"train.max_steps={steps}",
+        "train.max_time_minutes=0",
+        "train.save_interval_minutes=0",
+        "train.save_interval_steps=0",
+        "train.log_interval_steps=5",
+        "train.validate_bleu_sentences=0",
+    ]
+    cmd = [*NMT, "train", str(ROOT / "recipes/demo.toml")]
+    for item in settings:
+        cmd += ["--set", item]
+    run(cmd, work, tree)
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["tokens_per_s"] for r in records if r["type"] == "train" and r["step"] > 10]
+    return statistics.median(rates)
+
+
+def translate_rate(tree: Path, work: Path, model: Path, test: Path, precision: str) -> float:
+    cmd = [*NMT, "translate", "-m", str(model), "-i", str(test), "-o", os.devnull]
+    cmd += ["--precision", precision, "--max-len-b", "20", "--quiet"]
+    lines = sum(1 for _ in test.open(encoding="utf-8"))
+    t0 = time.perf_counter()
+    run(cmd, work, tree)
+    return lines / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rev_a")
+    parser.add_argument("rev_b")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    print("command:", shlex.join([Path(sys.executable).name, *sys.argv]))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        trees = {}
+        for name, rev in (("A", args.rev_a), ("B", args.rev_b)):
+            trees[name] = work / f"tree-{name}"
+            run(["git", "worktree", "add", "--detach", str(trees[name]), rev], ROOT)
+        try:
+            data = work / "data"
+            prep = [*NMT, "prepare", "demo", "--out", str(data)]
+            run([*prep, "--max-pairs", "6000", "--vocab-size", "1000"], work, trees["B"])
+            test = work / "test.en"
+            lines = (data / "test.src.txt").read_text(encoding="utf-8").splitlines()[:400]
+            test.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            model = None
+            results: dict[str, dict[str, list[float]]] = {"A": {}, "B": {}}
+            for round_ in range(args.rounds):
+                for name, tree in trees.items():
+                    tag = f"{name}{round_}"
+                    rate = train_rate(tree, work, data, args.steps, tag)
+                    results[name].setdefault("train tok/s", []).append(rate)
+                    model = model or work / f"run-{tag}" / "checkpoints" / "last.pt"
+                    for precision in ("fp32", "bf16"):
+                        sent = translate_rate(tree, work, model, test, precision)
+                        results[name].setdefault(f"translate {precision} sent/s", []).append(sent)
+        finally:
+            for tree in trees.values():
+                run(["git", "worktree", "remove", "--force", str(tree)], ROOT)
+    print(f"A = {args.rev_a}, B = {args.rev_b}; medians of {args.rounds} alternating rounds")
+    for key in results["A"]:
+        a, b = statistics.median(results["A"][key]), statistics.median(results["B"][key])
+        print(f"{key:28s} A {a:10.1f}  B {b:10.1f}  B/A {b / a:5.2f}")
+
+
+if __name__ == "__main__":
+    main()

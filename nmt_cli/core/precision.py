@@ -1,0 +1,54 @@
+"""Which floating-point precision a device runs, for training and decoding alike.
+
+bf16 is the default wherever the hardware multiplies in it natively (Ampere and later
+GPUs; AVX512-BF16 or AMX CPUs, where it is several times faster than fp32). Elsewhere
+'auto' falls back to fp16 on older GPUs and fp32 on CPUs. Training runs the model in fp32
+under autocast; decoding casts the weights themselves (`dtype_of`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+
+from nmt_cli.errors import NmtError
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+def cpu_supports_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 matrix products run in hardware (oneDNN knows)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def resolve_precision(requested: str, device: torch.device, setting: str) -> Precision:
+    """'auto' -> what the device runs natively; fp16 is refused off a GPU.
+
+    `setting` names the option the user set (e.g. "--precision", "train.precision"), so
+    the message points at the right place.
+    """
+    if requested == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if cpu_supports_bf16() else "fp32"
+    if requested == "fp16" and device.type != "cuda":
+        raise NmtError(f"{setting} fp16 needs a GPU; on a CPU use bf16 or fp32")
+    if requested not in ("fp32", "bf16", "fp16"):
+        raise NmtError(f"{setting} {requested!r}: use auto, fp32, bf16 or fp16")
+    return requested  # type: ignore[return-value]
+
+
+def dtype_of(precision: Precision) -> torch.dtype:
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Mixed precision for a model kept in fp32 (training, validation); none for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype_of(precision))  # type: ignore[arg-type]

@@ -1,0 +1,92 @@
+"""The training data as a sequence of updates: epoch plans, micro-batches, dropout seeds.
+
+Section 5.1: batches of about 25,000 source and 25,000 target tokens. The recipe's
+effective batch (`train.batch_tokens`) is split over devices and accumulation steps
+(`derive_split`), so the same recipe trains the same model on 1 CPU, 1 GPU or 8 GPUs.
+The data order is a pure function of (seed, epoch), so the feed resumes from a saved
+(epoch, batches done) position without replaying anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from nmt_cli.config import TrainConfig
+from nmt_cli.core.batching import Batch, EpochPlan, collate, plan_epoch
+from nmt_cli.core.data import TokenStore
+from nmt_cli.engines.train.checkpoints import Position
+from nmt_cli.engines.train.distributed import DistContext
+from nmt_cli.engines.train.events import BatchSplit
+from nmt_cli.errors import NmtError
+
+
+def derive_split(train: TrainConfig, world: int) -> BatchSplit:
+    """Per-device max_tokens and accumulation so that world x accum x max_tokens is about
+    the recipe's effective batch, whatever the number of devices."""
+    share = max(1, math.ceil(train.batch_tokens / world))
+    cap = train.max_tokens or share
+    accum = max(1, math.ceil(share / cap))
+    return BatchSplit(train.batch_tokens, world, accum, math.ceil(share / accum))
+
+
+class TrainFeed:
+    """This rank's view of the training split, update after update."""
+
+    def __init__(
+        self,
+        src: TokenStore,
+        tgt: TokenStore,
+        split: BatchSplit,
+        seed: int,
+        ctx: DistContext,
+        max_epochs: int,
+        name: str,
+    ) -> None:
+        self.src, self.tgt, self.name = src, tgt, name
+        self.split, self.seed, self.max_epochs = split, seed, max_epochs
+        self.rank, self.device = ctx.rank, ctx.device
+
+    def plan(self, epoch: int) -> EpochPlan:
+        return plan_epoch(
+            self.src.lengths,
+            self.tgt.lengths,
+            self.split.max_tokens,
+            self.seed,
+            epoch,
+            self.split.world,
+            self.split.accum,
+        )
+
+    def updates(self, pos: Position) -> Iterator[tuple[EpochPlan, int]]:
+        """(plan, update index) from `pos` on, epoch after epoch; advances `pos.epoch` and
+        resets `pos.batches_done` at each epoch's end (the caller advances batches_done)."""
+        while True:
+            if self.max_epochs and pos.epoch >= self.max_epochs:
+                return
+            plan = self.plan(pos.epoch)
+            if plan.updates == 0:
+                raise NmtError(f"{self.name}: the training split is empty")
+            first = -(-pos.batches_done // plan.slots)
+            for update in range(first, plan.updates):
+                yield plan, update
+            pos.epoch += 1
+            pos.batches_done = 0
+
+    def micro_batches(self, plan: EpochPlan, update: int) -> list[tuple[Batch, float]]:
+        """(batch on this rank's device, weight) for each of this rank's slots; an empty
+        slot of the last update runs the update's first batch with weight 0 (every rank
+        must run as many passes)."""
+        stand_in = update * plan.slots  # the update's first batch always exists
+        out = []
+        for slot in plan.rank_slots(update, self.rank):
+            index = stand_in if slot is None else slot
+            batch = collate(self.src, self.tgt, plan.batches[index])
+            out.append((batch.to(self.device), 0.0 if slot is None else 1.0))
+        return out
+
+    def micro_seeds(self, attempt: int) -> list[int]:
+        """Dropout seeds of this rank's micro-batches, from their global slot in the update:
+        one process accumulating two batches draws the same masks as two ranks."""
+        first = self.seed * 2**40 + attempt * 2**20 + self.rank * self.split.accum
+        return [first + i for i in range(self.split.accum)]

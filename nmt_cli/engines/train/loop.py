@@ -1,0 +1,370 @@
+"""`nmt train`: the paper's training procedure (section 5) on one CPU or many GPUs.
+
+    train(recipe, options, on_event) -> TrainResult
+
+reads the prepared data directory named by the recipe, writes the run directory (see
+`run_dir.py`), and resumes from `checkpoints/last.pt` when a previous run left one. Every
+rank runs `_train_rank`; only rank 0 writes files and reports events.
+
+The loop is assembled from parts with one job each: `TrainFeed` (which batches make
+each update), `Updater` (one optimizer update), `StopPolicy` (when to save and stop),
+`CheckpointKeeper` (what is written and restored) and `Reporter` (events and logs).
+
+Reproducibility: the data order is a pure function of (seed, epoch), the dropout masks of
+each micro-batch come from a seed derived from (seed, step, rank, micro-batch), and the
+weights, optimizer and position are restored exactly, so an interrupted and resumed run
+ends with the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from nmt_cli.config import RecipeConfig
+from nmt_cli.core.checkpoint import load_checkpoint, model_state
+from nmt_cli.core.precision import resolve_precision
+from nmt_cli.core.schedule import paper_adam, paper_learning_rate
+from nmt_cli.core.transformer import ModelConfig, Transformer, count_parameters
+from nmt_cli.core.vocab import PAD_ID, VocabPair
+from nmt_cli.data_dir import open_data_dir
+from nmt_cli.engines.train.checkpoints import (
+    CheckpointKeeper,
+    Position,
+    check_resumable,
+    restore_train_state,
+    train_state,
+)
+from nmt_cli.engines.train.distributed import DistContext, LaunchSpec, check_devices, launch
+from nmt_cli.engines.train.events import TrainStarted
+from nmt_cli.engines.train.feed import TrainFeed, derive_split
+from nmt_cli.engines.train.report import EventSink, Reporter
+from nmt_cli.engines.train.run_dir import RunDir
+from nmt_cli.engines.train.step import Updater, UpdateStats
+from nmt_cli.engines.train.stop import StopPolicy, StopRequest, TrainingClock
+from nmt_cli.engines.train.threads import ThreadTuner
+from nmt_cli.engines.train.validate import DevFigures, Validator
+from nmt_cli.errors import NmtError
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How to run a recipe's training (the recipe says what to train)."""
+
+    run_dir: str | None = None  # overrides train.run_dir
+    gpus: int = 0  # 0 = CPU
+    procs: int = 1  # CPU processes over gloo (with gpus == 0)
+    dist_timeout_s: float = 600.0  # start-up and collective timeout
+    max_nonfinite: int = 20  # consecutive skipped updates before training gives up
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_dir: Path
+    steps: int
+    elapsed_s: float
+    last_checkpoint: Path | None  # newest step checkpoint
+    best_checkpoint: Path | None
+    final_dev_loss: float | None  # label-smoothed, per target token
+    final_dev_ppl: float | None  # exp(dev nll)
+    stopped_by: str  # max_steps, max_epochs, max_time or signal
+    skipped_updates: int
+    rank: int = 0  # under torchrun every rank returns; only rank 0 should report
+
+
+def model_config_for(recipe: RecipeConfig, vocab: VocabPair) -> ModelConfig:
+    """The recipe's model, sized for the data's vocabulary; whether the source embedding
+    joins the shared matrix follows the vocabulary being joint (section 3.4)."""
+    return dataclasses.replace(
+        recipe.model,
+        src_vocab_size=len(vocab.src),
+        tgt_vocab_size=len(vocab.tgt),
+        pad_id=PAD_ID,
+        joint_vocab=vocab.joint,
+    )
+
+
+def train(
+    recipe: RecipeConfig,
+    options: TrainOptions | None = None,
+    on_event: EventSink | None = None,
+) -> TrainResult:
+    """Train `recipe`'s model; resumes when the run directory has a last checkpoint."""
+    options = options or TrainOptions()
+    spec = LaunchSpec(options.gpus, options.procs, options.dist_timeout_s)
+    check_devices(spec)
+    run = RunDir(options.run_dir or recipe.train.run_dir)
+    # Checks that would fail identically on every rank run once, here, with one message.
+    data = open_data_dir(recipe.data.dir)
+    cfg = model_config_for(recipe, data.vocab)
+    if run.last.is_file():
+        check_resumable(load_checkpoint(run.last), cfg, data.vocab, run.last)
+    is_rank0 = int(os.environ.get("RANK", "0")) == 0
+    if is_rank0:
+        run.acquire_lock()
+        run.remove_partial_writes()  # safe: the lock says no other writer is alive
+    try:
+        result: TrainResult = launch(spec, _train_rank, (recipe, run.root, options), (on_event,))
+        return result
+    finally:
+        if is_rank0:
+            run.release_lock()
+
+
+class _Trainer:
+    """One rank's model, optimizer and loop; rank 0 also validates, writes and reports."""
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        recipe: RecipeConfig,
+        run: RunDir,
+        reporter: Reporter,
+        max_nonfinite: int,
+    ) -> None:
+        self.ctx, self.recipe, self.run, self.report = ctx, recipe, run, reporter
+        self.tc = tc = recipe.train
+        self.max_nonfinite = max_nonfinite
+        self.consecutive_bad = 0
+        self.data = open_data_dir(recipe.data.dir)
+        train_src, train_tgt = self.data.split("train")
+        self.split = derive_split(tc, ctx.world)
+        self.feed = TrainFeed(
+            train_src, train_tgt, self.split, tc.seed, ctx, tc.max_epochs, str(self.data.root)
+        )
+        self.cfg = model_config_for(recipe, self.data.vocab)
+        longest = int(max(train_src.lengths.max(initial=0), train_tgt.lengths.max(initial=0)))
+        if longest + 1 > self.cfg.max_positions:
+            raise NmtError(
+                f"the training data has sentences of {longest} tokens but model.max_positions "
+                f"is {self.cfg.max_positions}; raise model.max_positions or lower data.max_len"
+            )
+        self.precision = resolve_precision(tc.precision, ctx.device, "train.precision")
+        resume = load_checkpoint(run.last) if run.last.is_file() else None
+        torch.manual_seed(tc.seed)
+        self.model = Transformer(self.cfg).to(ctx.device)
+        if resume is not None:
+            self.model.load_state_dict(resume.model)
+        self.optimizer = paper_adam(
+            self.model.parameters(), (tc.adam_beta1, tc.adam_beta2), tc.adam_eps
+        )
+        ddp: torch.nn.Module = self.model
+        if ctx.distributed:
+            ddp = DistributedDataParallel(
+                self.model,
+                device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+                forward_sync_buffers=False,  # the only buffer is the fixed position table
+                gradient_as_bucket_view=True,
+            )
+        self.updater = Updater(
+            ddp,
+            self.optimizer,
+            self.precision,
+            ctx.device,
+            tc.label_smoothing,
+            PAD_ID,
+            tc.clip_norm,
+            ctx.world,
+        )
+        self.pos = Position()
+        if resume is not None:
+            self.pos = restore_train_state(
+                resume.train_state or {}, self.optimizer, self.updater.scaler
+            )
+            if ctx.is_main:
+                run.truncate_metrics(self.pos.step)
+        self.keeper = CheckpointKeeper(
+            run, self.cfg, self.data.vocab, recipe.to_dict(), tc.keep_last
+        )
+        self.clock = TrainingClock(self.pos.elapsed_s)
+        self.validator = (
+            Validator(self.model, self.data, recipe, self.precision, ctx.device, self.split)
+            if ctx.is_main and "valid" in self.data.splits
+            else None
+        )
+        self.final_dev: DevFigures | None = None
+
+    def save(self, validate: bool) -> None:
+        """Rank 0: a step checkpoint (with dev figures, best) when `validate`, then last.pt."""
+        if not self.ctx.is_main:
+            return
+        self.pos.elapsed_s = self.clock.elapsed()
+        weights = model_state(self.model)
+        step_path: Path | None = None
+        figures: DevFigures | None = None
+        best = False
+        if validate:
+            figures = self.validator() if self.validator is not None else None
+            step_path, best = self.keeper.save_step(weights, self.pos, figures)
+            self.final_dev = figures
+        state = train_state(
+            self.optimizer,
+            self.updater.scaler,
+            self.pos,
+            self.tc.seed,
+            dataclasses.asdict(self.split),
+        )
+        self.keeper.save_last(weights, state)
+        self.report.checkpoint(self.pos.step, self.pos.elapsed_s, step_path, figures, best)
+
+    def loop(self) -> str:
+        """Train until a limit or a signal; returns what stopped it."""
+        tc = self.tc
+        self.report.open_tensorboard()
+        self.report.emit(
+            TrainStarted(
+                run_dir=self.run.root,
+                device=_describe_device(self.ctx),
+                precision=self.precision,
+                split=self.split,
+                parameters=count_parameters(self.model),
+                train_pairs=len(self.feed.src),
+                dev_pairs=len(self.validator.dev) if self.validator is not None else 0,
+                updates_per_epoch=self.feed.plan(self.pos.epoch).updates,
+                start_step=self.pos.step,
+                max_steps=tc.max_steps,
+                threads=torch.get_num_threads(),
+            )
+        )
+        policy = StopPolicy(tc)
+        if policy.finished_before_start(self.pos.step):
+            return "max_steps"
+        tuner = self._thread_tuner()
+        attempts = self.pos.step + self.pos.skipped
+        stopped_by = "max_epochs"
+        with StopRequest() as stop:
+            for plan, update in self.feed.updates(self.pos):
+                if tuner is not None:
+                    tuner.before_update()
+                t0 = time.monotonic()
+                lr = paper_learning_rate(
+                    self.pos.step + 1, self.cfg.d_model, tc.warmup_steps, tc.lr_scale
+                )
+                micro = [
+                    (b.to(self.ctx.device), w) for b, w in self.feed.micro_batches(plan, update)
+                ]
+                update_tokens = plan.update_tgt_tokens(update)
+                stats = self.updater.update(
+                    micro, update_tokens, lr, self.feed.micro_seeds(attempts)
+                )
+                attempts += 1
+                self.pos.batches_done = min(len(plan.batches), (update + 1) * plan.slots)
+                self._count(stats)
+                self.pos.elapsed_s = self.clock.elapsed()
+                seconds = time.monotonic() - t0
+                if tuner is not None:
+                    changed = tuner.after_update(update_tokens, seconds)
+                    if changed is not None:
+                        self.report.threads_changed(changed, tuner.rate, tuner.options)
+                self.report.update(
+                    stats,
+                    update_tokens,
+                    seconds,
+                    step=self.pos.step,
+                    epoch=self.pos.epoch + 1,
+                    lr=lr,
+                    elapsed_s=self.pos.elapsed_s,
+                    skipped=self.pos.skipped,
+                )
+                flags = policy.local_flags(
+                    self.pos.elapsed_s, stop.signal is not None, self.ctx.is_main
+                )
+                decision = policy.decide(self.ctx.all_max(flags), self.pos.step, stats.skipped)
+                if decision.stop == "signal":
+                    self.save(validate=False)
+                    self.report.notice("interrupted: saved checkpoints/last.pt; rerun to resume")
+                    return "signal"
+                if decision.stop is not None:
+                    stopped_by = decision.stop
+                    break
+                if decision.save:
+                    self.save(validate=True)
+                    policy.saved()
+        # A final step checkpoint (with dev figures) unless this step already has one.
+        self.save(validate=not self.keeper.has_step(self.pos.step))
+        return stopped_by
+
+    def _thread_tuner(self) -> ThreadTuner | None:
+        """Only when the recipe leaves the thread count to us (train.threads = 0) and one
+        CPU process trains: an explicit count is kept, and is reproducible."""
+        if self.ctx.device.type != "cpu" or self.ctx.distributed or self.tc.threads:
+            return None
+        most = torch.get_num_threads()
+        return ThreadTuner(most) if most > 1 else None
+
+    def _count(self, stats: UpdateStats) -> None:
+        """Advance the step, or count a skipped (non-finite) update and give up after
+        `max_nonfinite` in a row."""
+        if not stats.skipped:
+            self.consecutive_bad = 0
+            self.pos.step += 1
+            return
+        self.pos.skipped += 1
+        self.consecutive_bad += 1
+        self.report.notice(
+            f"step {self.pos.step + 1}: non-finite gradient (norm {stats.grad_norm}), "
+            f"update skipped ({self.pos.skipped} so far)",
+            warning=True,
+        )
+        if self.consecutive_bad >= self.max_nonfinite:
+            raise NmtError(
+                f"training stopped: {self.consecutive_bad} updates in a row had non-finite "
+                f"gradients; the last good checkpoint is {self.run.last}. Lower "
+                "train.lr_scale, set train.clip_norm, or use precision bf16/fp32 instead of fp16"
+            )
+
+
+def _describe_device(ctx: DistContext) -> str:
+    if ctx.device.type == "cuda":
+        name = torch.cuda.get_device_name(ctx.device)
+        return f"{ctx.world} x {name} (nccl)" if ctx.distributed else name
+    if ctx.distributed:
+        return f"cpu, {ctx.world} processes (gloo)"
+    return "cpu"
+
+
+def _set_threads(recipe: RecipeConfig, ctx: DistContext) -> None:
+    if ctx.device.type != "cpu":
+        return
+    local_procs = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world)))
+    threads = recipe.train.threads or max(1, (os.cpu_count() or 1) // local_procs)
+    torch.set_num_threads(threads)
+
+
+def _train_rank(
+    ctx: DistContext,
+    recipe: RecipeConfig,
+    run_root: Path,
+    options: TrainOptions,
+    on_event: EventSink | None = None,
+) -> TrainResult:
+    _set_threads(recipe, ctx)
+    run = RunDir(run_root)
+    if ctx.is_main:
+        run.write_config(recipe.to_dict())
+    reporter = Reporter(run, recipe.train, on_event, ctx.is_main)
+    trainer = _Trainer(ctx, recipe, run, reporter, options.max_nonfinite)
+    if ctx.is_main:
+        run.write_vocab(trainer.data.vocab)
+    try:
+        stopped_by = trainer.loop()
+    finally:
+        reporter.close()
+    return TrainResult(
+        run_dir=run.root,
+        steps=trainer.pos.step,
+        elapsed_s=trainer.pos.elapsed_s,
+        last_checkpoint=trainer.keeper.newest_step_file,
+        best_checkpoint=run.best if run.best.is_file() else None,
+        final_dev_loss=trainer.final_dev.loss if trainer.final_dev else None,
+        final_dev_ppl=trainer.final_dev.ppl if trainer.final_dev else None,
+        stopped_by=stopped_by,
+        skipped_updates=trainer.pos.skipped,
+        rank=ctx.rank,
+    )

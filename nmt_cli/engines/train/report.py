@@ -1,0 +1,204 @@
+"""What a run tells the world: events for the display, `metrics.jsonl`, TensorBoard.
+
+Only rank 0 reports. Events go to the caller's `on_event` (the CLI draws them, `nmt run`
+and tests consume them); log records go to `metrics.jsonl` every `log_interval_steps`
+updates and at every validation, and to TensorBoard when the recipe asks for it and it
+is installed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from nmt_cli.config import TrainConfig
+from nmt_cli.engines.train.events import CheckpointSaved, Notice, StepDone, TrainEvent
+from nmt_cli.engines.train.run_dir import RunDir
+from nmt_cli.engines.train.step import UpdateStats
+from nmt_cli.engines.train.validate import DevFigures
+
+EventSink = Callable[[TrainEvent], None]
+
+
+class Meter:
+    """Throughput over the last 20 updates, and loss and gradient-norm sums since the last
+    metrics record."""
+
+    def __init__(self) -> None:
+        self.window: deque[tuple[float, int]] = deque(maxlen=20)
+        self.loss = self.nll = self.grad_norm = 0.0
+        self.tokens = self.updates = 0
+
+    def add(self, seconds: float, update_tokens: int, stats: UpdateStats) -> None:
+        self.window.append((seconds, update_tokens))
+        if not stats.skipped:
+            self.loss += stats.loss_sum
+            self.nll += stats.nll_sum
+            self.tokens += stats.tokens
+            self.grad_norm += stats.grad_norm
+            self.updates += 1
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(n for _, n in self.window) / max(sum(t for t, _ in self.window), 1e-9)
+
+    @property
+    def seconds_per_update(self) -> float:
+        return sum(t for t, _ in self.window) / max(len(self.window), 1)
+
+    def take(self) -> tuple[float, float, float]:
+        """(loss, nll) per token and the mean gradient norm (before clipping) of the
+        updates since the last call."""
+        loss, nll = self.loss / self.tokens, self.nll / self.tokens
+        grad_norm = self.grad_norm / max(self.updates, 1)
+        self.loss = self.nll = self.grad_norm = 0.0
+        self.tokens = self.updates = 0
+        return loss, nll, grad_norm
+
+
+class Reporter:
+    """Rank 0's events and logs; on other ranks every method does nothing."""
+
+    def __init__(
+        self, run: RunDir, tc: TrainConfig, on_event: EventSink | None, is_main: bool
+    ) -> None:
+        self.run, self.tc, self.is_main = run, tc, is_main
+        self.on_event = on_event if is_main else None
+        self.meter = Meter()
+        self.tensorboard: Any = None
+
+    def emit(self, event: TrainEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def notice(self, text: str, warning: bool = False) -> None:
+        self.emit(Notice(text, warning))
+
+    def open_tensorboard(self) -> None:
+        if not (self.is_main and self.tc.tensorboard):
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            self.notice(
+                "train.tensorboard is set but tensorboard is not installed; "
+                "metrics.jsonl has the same figures",
+                warning=True,
+            )
+            return
+        self.tensorboard = SummaryWriter(str(self.run.root / "tensorboard"))
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        self.run.append_metrics(record)
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if key not in ("type", "step") and isinstance(value, int | float):
+                    self.tensorboard.add_scalar(f"{record['type']}/{key}", value, record["step"])
+
+    def update(
+        self,
+        stats: UpdateStats,
+        update_tokens: int,
+        seconds: float,
+        *,
+        step: int,
+        epoch: int,
+        lr: float,
+        elapsed_s: float,
+        skipped: int,
+    ) -> None:
+        """After every update: a StepDone event, and a metrics record every log interval."""
+        self.meter.add(seconds, update_tokens, stats)
+        tokens = max(stats.tokens, 1)
+        self.emit(
+            StepDone(
+                step=step,
+                epoch=epoch,
+                loss=stats.loss_sum / tokens,
+                nll=stats.nll_sum / tokens,
+                lr=lr,
+                grad_norm=stats.grad_norm,
+                tokens_per_s=self.meter.tokens_per_s,
+                elapsed_s=elapsed_s,
+                remaining_s=self.remaining(step, elapsed_s),
+                skipped=skipped,
+            )
+        )
+        log_every = self.tc.log_interval_steps
+        if log_every and step % log_every == 0 and self.meter.tokens:
+            loss, nll, grad_norm = self.meter.take()
+            self.log(
+                {
+                    "type": "train",
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": loss,
+                    "nll": nll,
+                    "ppl": math.exp(min(nll, 100.0)),
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "tokens_per_s": self.meter.tokens_per_s,
+                    "elapsed_s": elapsed_s,
+                }
+            )
+
+    def checkpoint(
+        self,
+        step: int,
+        elapsed_s: float,
+        path: Any = None,
+        figures: DevFigures | None = None,
+        best: bool = False,
+    ) -> None:
+        """After a save: the dev figures into the log (when validated) and an event."""
+        if figures is not None:
+            self.log(
+                {
+                    "type": "valid",
+                    "step": step,
+                    "dev_loss": figures.loss,
+                    "dev_nll": figures.nll,
+                    "dev_ppl": figures.ppl,
+                    **({"dev_bleu": figures.bleu} if figures.bleu is not None else {}),
+                    "elapsed_s": elapsed_s,
+                }
+            )
+        self.emit(
+            CheckpointSaved(
+                step=step,
+                path=path,
+                dev_loss=figures.loss if figures else None,
+                dev_ppl=figures.ppl if figures else None,
+                dev_bleu=figures.bleu if figures else None,
+                best=best,
+                elapsed_s=elapsed_s,
+            )
+        )
+
+    def remaining(self, step: int, elapsed_s: float) -> float | None:
+        """Estimated seconds to max_steps or max_time, whichever comes first."""
+        per_step = self.meter.seconds_per_update
+        estimates = []
+        if self.tc.max_steps:
+            estimates.append(max(0, self.tc.max_steps - step) * per_step)
+        if self.tc.max_time_minutes:
+            estimates.append(max(0.0, self.tc.max_time_minutes * 60 - elapsed_s))
+        return min(estimates) if estimates else None
+
+    def threads_changed(self, now: int, rates: dict[int, float], options: list[int]) -> None:
+        listed = ", ".join(f"{n} thread(s) {r:,.0f} tok/s" for n, r in sorted(rates.items()))
+        why = (
+            "other processes compete for the cores"
+            if now < max(options)
+            else "the cores are free again"
+        )
+        self.notice(f"CPU threads: now {now} ({listed}); {why}")

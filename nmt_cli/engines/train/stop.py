@@ -1,0 +1,103 @@
+"""When training saves and when it stops: steps, time, signals.
+
+The paper saves a checkpoint every 10 minutes and stops after a number of steps
+(section 5.2, 6.1); recipes may also cap the training time. Decisions that depend on a
+clock or a signal are taken on rank 0 (or any rank that got a signal) and agreed on by
+every rank, so all ranks save and stop at the same update.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from nmt_cli.config import TrainConfig
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag that the loop checks between updates; a second SIGINT
+    interrupts at once."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __enter__(self) -> StopRequest:
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: no signal handling
+            pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class TrainingClock:
+    """Training time is wall-clock time (validation and saving included), summed over every
+    process that worked on the run, so max_time means what a person expects."""
+
+    def __init__(self, elapsed_before: float) -> None:
+        self._base = elapsed_before
+        self._start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return self._base + time.monotonic() - self._start
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after an update."""
+
+    stop: str | None  # "signal", "max_steps", "max_time", or None to go on
+    save: bool  # write a step checkpoint (with validation) now
+
+
+class StopPolicy:
+    """Turns the recipe's limits and intervals into a decision after each update."""
+
+    def __init__(self, tc: TrainConfig) -> None:
+        self.tc = tc
+        self._last_save = time.monotonic()
+
+    def finished_before_start(self, step: int) -> bool:
+        return bool(self.tc.max_steps and step >= self.tc.max_steps)
+
+    def local_flags(self, elapsed_s: float, signalled: bool, is_main: bool) -> list[float]:
+        """This rank's (signal, save due by time, out of time) flags, to be max-reduced
+        over ranks before `decide`."""
+        tc = self.tc
+        time_due = bool(
+            tc.save_interval_minutes
+            and time.monotonic() - self._last_save >= tc.save_interval_minutes * 60
+        )
+        out_of_time = bool(tc.max_time_minutes and elapsed_s >= tc.max_time_minutes * 60)
+        return [float(signalled), float(time_due and is_main), float(out_of_time and is_main)]
+
+    def decide(self, flags: list[float], step: int, skipped: bool) -> Decision:
+        """`flags`: the max over ranks of `local_flags`."""
+        signalled, time_due, out_of_time = (bool(f) for f in flags)
+        tc = self.tc
+        if signalled:
+            return Decision("signal", save=False)
+        if tc.max_steps and step >= tc.max_steps:
+            return Decision("max_steps", save=False)
+        if out_of_time:
+            return Decision("max_time", save=False)
+        steps_due = bool(
+            tc.save_interval_steps and not skipped and step % tc.save_interval_steps == 0
+        )
+        return Decision(None, save=steps_due or time_due)
+
+    def saved(self) -> None:
+        self._last_save = time.monotonic()
