@@ -86,7 +86,9 @@ class TrainConfig:
     seed: int = 1
     log_interval_steps: int = 50
     validate_bleu_sentences: int = 0  # greedy BLEU on the first M dev sentences; 0 = off
-    tensorboard: bool = False
+    # TensorBoard logs (scalars, attention images) into <run>/tensorboard: "auto" when
+    # tensorboard is installed, true to be warned when it is not, false never.
+    tensorboard: bool | Literal["auto"] = "auto"
     threads: int = 0  # 0 = all cores
 
     def __post_init__(self) -> None:

@@ -12,12 +12,17 @@ attend to columns and each row sums to one.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from nmt_cli.config import DecodeConfig
+from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.search import beam_search
+from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.vocab import VocabPair
 from nmt_cli.engines.alignment import MERGE_NOTE, merge_words, word_labels
 from nmt_cli.engines.attention_views import EveryAttention
 from nmt_cli.engines.translate import Translator
@@ -69,39 +74,55 @@ class AttentionMaps:
 def record_attention(translator: Translator, sentence: str) -> AttentionMaps:
     """Translate `sentence` (beam search as the translator is configured, best hypothesis)
     and return its attention maps."""
-    vocab, cfg = translator.vocab, translator.cfg
-    ids = vocab.src.encode([sentence])[0][: translator.max_source]
+    ids = translator.vocab.src.encode([sentence])[0][: translator.max_source]
     if not ids:
         raise NmtError("the sentence is empty: give some text to translate")
-    view = EveryAttention(translator.model)
-    hyps = beam_search(
-        view,
-        translator.source_tensor([ids]),
-        beam_size=cfg.beam_size,
-        length_penalty=cfg.length_penalty,
-        max_len_a=cfg.max_len_a,
-        max_len_b=cfg.max_len_b,
-        need_weights=True,
-    )[0]
-    best = hyps[0]
+    return attention_of(translator.model, translator.vocab, ids, translator.cfg, sentence)
+
+
+def attention_of(
+    model: Transformer,
+    vocab: VocabPair,
+    ids: Sequence[int],
+    cfg: DecodeConfig,
+    source_text: str | None = None,
+) -> AttentionMaps:
+    """The attention maps of source `ids` (without EOS) and their best translation; the
+    model is in eval mode for the call (training validates with it) and restored after."""
+    ids = [int(i) for i in ids]  # token stores hand out numpy arrays
+    was_training = model.training
+    model.eval()
+    try:
+        view = EveryAttention(model)
+        src = pad_sources([ids]).to(next(model.parameters()).device)
+        best = beam_search(
+            view,
+            src,
+            beam_size=cfg.beam_size,
+            length_penalty=cfg.length_penalty,
+            max_len_a=cfg.max_len_a,
+            max_len_b=cfg.max_len_b,
+            need_weights=True,
+        )[0][0]
+    finally:
+        model.train(was_training)
     assert best.attention is not None
-    n_src, n_tgt, layers = len(ids) + 1, len(best.tokens) + 1, len(translator.model.decoder)
-    encoder = torch.stack([w[0, :, :n_src, :n_src] for w in view.encoder])
-    heads = encoder.size(1)
-    decoder = torch.zeros(layers, heads, n_tgt, n_tgt)
-    cross = torch.zeros(layers, heads, n_tgt, n_src)
+    n_src, n_tgt, layers = len(ids) + 1, len(best.tokens) + 1, len(model.decoder)
+    encoder = torch.stack([w[0, :, :n_src, :n_src] for w in view.encoder]).float()
+    decoder = torch.zeros(layers, encoder.size(1), n_tgt, n_tgt)
+    cross = torch.zeros(layers, encoder.size(1), n_tgt, n_src)
     for t, step in enumerate(best.attention):
         for layer in range(layers):
-            decoder[layer, :, t, : t + 1] = step[layer][:, 0].float()
-            cross[layer, :, t] = step[layers + layer][:, 0, :n_src].float()
+            decoder[layer, :, t, : t + 1] = step[layer][:, 0].float().cpu()
+            cross[layer, :, t] = step[layers + layer][:, 0, :n_src].float().cpu()
     pieces = vocab.tgt.pieces(best.tokens)
     return AttentionMaps(
-        source_text=sentence,
+        source_text=vocab.src.decode(ids) if source_text is None else source_text,
         translation=vocab.tgt.decode(best.tokens),
         source=[*vocab.src.pieces(ids), EOS],
         target=[*pieces, EOS],
         decoder_inputs=[BOS, *pieces],
-        encoder=encoder.float().cpu().numpy(),
+        encoder=encoder.cpu().numpy(),
         decoder=decoder.numpy(),
         cross=cross.numpy(),
     )

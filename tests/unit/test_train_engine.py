@@ -194,15 +194,15 @@ def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
     assert result.final_dev_loss is not None and math.isfinite(result.final_dev_loss)
 
 
-def test_tensorboard_asked_for_but_missing_is_a_notice(data: Path, tmp_path: Path) -> None:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("tensorboard is installed here")
-    events: list[TrainEvent] = []
-    recipe = tiny_recipe(data, tmp_path / "run", max_steps=1, tensorboard=True)
-    assert train(recipe, on_event=events.append).steps == 1
-    notices = [e for e in events if isinstance(e, Notice)]
-    assert any("tensorboard is not installed" in n.text for n in notices)
+def test_tensorboard_missing_is_a_notice_only_when_asked_for(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
+    for setting, warned in ((True, True), ("auto", False)):
+        events: list[TrainEvent] = []
+        run = tmp_path / str(setting)
+        recipe = tiny_recipe(data, run, max_steps=1, tensorboard=setting)
+        assert train(recipe, on_event=events.append).steps == 1
+        notices = [e.text for e in events if isinstance(e, Notice)]
+        assert any("tensorboard is not installed" in n for n in notices) == warned
+        assert not (run / "tensorboard").exists()

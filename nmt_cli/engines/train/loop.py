@@ -34,6 +34,7 @@ from nmt_cli.core.schedule import paper_adam, paper_learning_rate
 from nmt_cli.core.transformer import ModelConfig, Transformer, count_parameters
 from nmt_cli.core.vocab import PAD_ID, VocabPair
 from nmt_cli.data_dir import open_data_dir
+from nmt_cli.engines.attention import attention_of
 from nmt_cli.engines.train.checkpoints import (
     CheckpointKeeper,
     Position,
@@ -203,6 +204,10 @@ class _Trainer:
             figures = self.validator() if self.validator is not None else None
             step_path, best = self.keeper.save_step(weights, self.pos, figures)
             self.final_dev = figures
+            if self.validator is not None and self.report.draws_attention:
+                sample = self.validator.dev.sample()
+                maps = attention_of(self.model, self.data.vocab, sample, self.recipe.decode)
+                self.report.attention(maps, self.pos.step)
         state = train_state(
             self.optimizer,
             self.updater.scaler,

@@ -2,8 +2,9 @@
 
 Only rank 0 reports. Events go to the caller's `on_event` (the CLI draws them, `nmt run`
 and tests consume them); log records go to `metrics.jsonl` every `log_interval_steps`
-updates and at every validation, and to TensorBoard when the recipe asks for it and it
-is installed.
+updates and at every validation, and to TensorBoard when it is installed (unless the
+recipe says `train.tensorboard = false`): the same scalars, plus at every validation the
+attention of one fixed dev sentence as images, one per layer of each attention kind.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nmt_cli.config import TrainConfig
 from nmt_cli.engines.train.events import CheckpointSaved, Notice, StepDone, TrainEvent
 from nmt_cli.engines.train.run_dir import RunDir
 from nmt_cli.engines.train.step import UpdateStats
 from nmt_cli.engines.train.validate import DevFigures
+
+if TYPE_CHECKING:
+    from nmt_cli.engines.attention import AttentionMaps
 
 EventSink = Callable[[TrainEvent], None]
 
@@ -77,18 +81,45 @@ class Reporter:
         self.emit(Notice(text, warning))
 
     def open_tensorboard(self) -> None:
-        if not (self.is_main and self.tc.tensorboard):
+        """Into `<run>/tensorboard` when tensorboard is installed; "auto" (the default)
+        passes over its absence in silence, `true` warns."""
+        if not self.is_main or self.tc.tensorboard is False:
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            self.notice(
-                "train.tensorboard is set but tensorboard is not installed; "
-                "metrics.jsonl has the same figures",
-                warning=True,
-            )
+            if self.tc.tensorboard is True:
+                self.notice(
+                    "train.tensorboard is set but tensorboard is not installed "
+                    "(pip install 'nmt-cli[tensorboard]'); metrics.jsonl has the same figures",
+                    warning=True,
+                )
             return
         self.tensorboard = SummaryWriter(str(self.run.root / "tensorboard"))
+
+    @property
+    def draws_attention(self) -> bool:
+        return self.tensorboard is not None
+
+    def attention(self, maps: AttentionMaps, step: int) -> None:
+        """One dev sentence's attention at `step`: an image per layer of each kind (heads
+        side by side), and the translation and the tokens as text."""
+        if self.tensorboard is None:
+            return
+        from nmt_cli.engines.pictures.tensorboard_images import heads_image, tokens_text
+
+        tb = self.tensorboard
+        tb.add_text("attention/translation", f"{maps.source_text}  \n→ {maps.translation}", step)
+        for kind, weights, rows, cols in (
+            ("encoder", maps.encoder, maps.source, maps.source),
+            ("decoder", maps.decoder, maps.target, maps.decoder_inputs),
+            ("cross", maps.cross, maps.target, maps.source),
+        ):
+            tb.add_text(f"attention/{kind}/tokens", tokens_text(rows, cols), step)
+            for layer in range(weights.shape[0]):
+                tb.add_image(
+                    f"attention/{kind}/layer{layer + 1}", heads_image(weights[layer]), step
+                )
 
     def close(self) -> None:
         if self.tensorboard is not None:
