@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
+from nmt_cli.core.flops import train_flops
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
@@ -72,17 +73,9 @@ def multi30k_like_batches(vocab: int, max_tokens: int, count: int, seed: int = 0
     return [collate(src, tgt, idx) for idx in groups[:count]]
 
 
-def train_flops(cfg: ModelConfig, batch: Batch) -> float:
-    """Matrix-product FLOPs of forward + backward (3x forward) on the padded batch."""
-    b, s = batch.src.shape
-    t = batch.tgt_in.size(1)
-    d, f = cfg.d_model, cfg.d_ff
-    enc = cfg.encoder_layers * (b * s * (8 * d * d + 4 * d * f) + 4 * b * s * s * d)
-    dec = cfg.decoder_layers * (
-        b * t * (12 * d * d + 4 * d * f) + b * s * 4 * d * d + 4 * b * t * t * d + 4 * b * t * s * d
-    )
-    logits = 2 * b * t * d * cfg.tgt_vocab_size
-    return 3.0 * (enc + dec + logits)
+def batch_flops(cfg: ModelConfig, batch: Batch) -> float:
+    """Matrix-product FLOPs of forward + backward on the padded batch (core/flops.py)."""
+    return train_flops(cfg, batch.sentences, batch.src.size(1), batch.tgt_in.size(1))
 
 
 @dataclass
@@ -103,7 +96,7 @@ def time_steps(step: object, batches: list[Batch], cfg: ModelConfig, steps: int)
         run(batch)  # type: ignore[operator]
         dt = time.perf_counter() - t
         rates.append(batch.tgt_tokens / dt)
-        flops.append(train_flops(cfg, batch) / dt)
+        flops.append(batch_flops(cfg, batch) / dt)
     return Timing(statistics.median(rates), statistics.median(flops))
 
 

@@ -21,7 +21,7 @@ import torch
 
 # The same FLOP count as the CPU benchmark beside this file (run as a script, bench/ is on
 # the import path).
-from bench_train import train_flops
+from bench_train import batch_flops
 
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.schedule import paper_adam
@@ -95,7 +95,7 @@ def main() -> None:
             batch = batches[i % len(batches)]
             updater.update([(batch, 1.0)], batch.tgt_tokens, 1e-4, [i])
             tokens += batch.tgt_tokens
-            flops += train_flops(cfg, batch)
+            flops += batch_flops(cfg, batch)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t
         print(

@@ -9,8 +9,7 @@ from rich.table import Table
 
 from nmt_cli.commands.common import err_console, user_errors
 from nmt_cli.commands.prepare_progress import StageProgress
-from nmt_cli.engines.corpora import list_presets
-from nmt_cli.engines.prepare import PrepareConfig, PrepareResult, prepare
+from nmt_cli.engines.prepare import PrepareConfig, PrepareResult, list_presets, prepare
 from nmt_cli.errors import NmtError
 
 

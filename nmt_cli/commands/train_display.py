@@ -25,6 +25,10 @@ def duration(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def _real_tokens(updates: list[tuple[int, int]]) -> str:
+    return ", ".join(f"{src:,} source / {tgt:,} target tokens" for src, tgt in updates) or "-"
+
+
 class TrainDisplay:
     """Consumes the engine's events (rank 0 only); all output goes to `console` (stderr)."""
 
@@ -59,6 +63,7 @@ class TrainDisplay:
             f"  device {e.device}, {e.threads} thread(s), precision {e.precision}, "
             f"{e.parameters:,} parameters\n"
             f"  batch: {e.split.describe()}\n"
+            f"  first updates: {_real_tokens(e.first_updates)}\n"
             f"  data: {e.train_pairs:,} training pairs ({e.updates_per_epoch:,} updates an "
             f"epoch), {e.dev_pairs:,} dev pairs",
             highlight=False,

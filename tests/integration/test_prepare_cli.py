@@ -18,14 +18,14 @@ from typer.testing import CliRunner
 from nmt_cli.cli import app
 from nmt_cli.config import DataConfig
 from nmt_cli.data_dir import open_data_dir
-from nmt_cli.engines import corpora
-from nmt_cli.engines.demo_corpus import generate_pair
 from nmt_cli.engines.prepare import (
     PrepareConfig,
     StageEvent,
     prepare,
     prepare_from_data_config,
+    presets,
 )
+from nmt_cli.engines.prepare.demo_corpus import generate_pair
 from nmt_cli.errors import NmtError
 
 runner = CliRunner()
@@ -356,8 +356,8 @@ def test_wrong_schema_is_a_clear_error(tmp_path: Path) -> None:
 def test_presets_go_through_load_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The wmt14 preset code path, pointed at a local Hub-shaped folder instead of the Hub."""
     local = write_datasets_files(tmp_path / "hub", "parquet")
-    preset = dataclasses.replace(corpora.PRESETS["wmt14-de-en"], hf_path=str(local), hf_name="")
-    monkeypatch.setitem(corpora.PRESETS, "wmt14-de-en", preset)
+    preset = dataclasses.replace(presets.PRESETS["wmt14-de-en"], hf_path=str(local), hf_name="")
+    monkeypatch.setitem(presets.PRESETS, "wmt14-de-en", preset)
     out = tmp_path / "out"
     result = cli(
         "wmt14-de-en",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,7 +63,12 @@ def test_train_resume_and_refuse_a_changed_model(setup: tuple[Path, Path]) -> No
     first = runner.invoke(app, ["train", str(recipe)])
     assert first.exit_code == 0, first.output
     text = " ".join(first.output.split())
-    assert "1 device(s) x 2 accumulation step(s) x 120 max tokens" in text
+    assert re.search(
+        r"about 240 real tokens per update = 1 device\(s\) x 3 accumulation "
+        r"step\(s\) x \d+ padded tokens \(\d+% real\)",
+        text,
+    )
+    assert re.search(r"first updates: \d+ source / \d+ target tokens", text)
     assert "training summary" in first.output
     assert (run / "checkpoints/step_00000004.pt").is_file()
     assert load_checkpoint(run / "checkpoints/last.pt").step == 4

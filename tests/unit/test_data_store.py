@@ -9,7 +9,7 @@ import pytest
 
 from nmt_cli.core.data import TokenStore, TokenStoreWriter, smallest_dtype
 from nmt_cli.core.vocab import Vocab, train_sentencepiece
-from nmt_cli.engines.binarize import encode_to_stores
+from nmt_cli.engines.prepare.binarize import encode_to_stores
 
 
 @pytest.mark.parametrize(

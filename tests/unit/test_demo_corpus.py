@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from nmt_cli.engines.cleaning import CleanRules, PairCleaner
-from nmt_cli.engines.demo_corpus import (
-    ADJECTIVES,
+from nmt_cli.engines.prepare.cleaning import CleanRules, PairCleaner
+from nmt_cli.engines.prepare.demo_corpus import (
     DEMO_SPLITS,
-    INTRANSITIVE,
     MAX_WORDS,
     MIN_WORDS,
-    NOUNS,
-    PREPOSITIONS,
-    TRANSITIVE,
     Clause,
     NounPhrase,
     Subject,
     demo_corpus,
     generate_pair,
+)
+from nmt_cli.engines.prepare.demo_lexicon import (
+    ADJECTIVES,
+    INTRANSITIVE,
+    NOUNS,
+    PREPOSITIONS,
+    TRANSITIVE,
     number_words,
 )
 

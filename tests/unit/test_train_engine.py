@@ -10,11 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from train_data import make_data_dir, pairs, tiny_recipe, with_model
 
 from nmt_cli.config import TrainConfig
+from nmt_cli.core.batching import plan_epoch
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.precision import cpu_supports_bf16
 from nmt_cli.core.schedule import paper_learning_rate
@@ -36,14 +38,36 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(path).model
 
 
-def test_split_keeps_the_effective_batch_on_any_device_count() -> None:
-    cfg = TrainConfig(batch_tokens=25000, max_tokens=4096)
+def wmt_like_lengths(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Subword lengths shaped like WMT14 EN-DE: long-tailed, about 27 tokens a sentence,
+    the German side a little longer and loosely correlated with the English one."""
+    rng = np.random.default_rng(seed)
+    src = np.clip(rng.lognormal(3.1, 0.55, n).round(), 1, 250).astype(np.int64)
+    tgt = np.clip((src * rng.normal(1.1, 0.2, n)).round(), 1, 250).astype(np.int64)
+    return src, tgt
+
+
+@pytest.mark.parametrize("world", [1, 8])
+def test_updates_hold_the_papers_25000_real_tokens_a_side(world: int) -> None:
+    """Section 5.1: "approximately 25000 source tokens and 25000 target tokens" per
+    update, counted without padding, on any number of devices."""
+    src, tgt = wmt_like_lengths(100_000)
+    split = derive_split(TrainConfig(batch_tokens=25000), world, src, tgt)
+    assert world * split.accum * split.max_tokens > 25000  # padding is paid on top
+    plan = plan_epoch(src, tgt, split.max_tokens, 0, 0, world, split.accum)
+    real = np.array([plan.update_real_tokens(u) for u in range(plan.updates - 1)])
+    mean_src, mean_tgt = real.mean(axis=0)
+    assert 0.95 * 25000 <= max(mean_src, mean_tgt) <= 1.05 * 25000
+    assert min(mean_src, mean_tgt) >= 0.85 * 25000
+
+
+def test_split_respects_the_per_pass_memory_cap() -> None:
+    src, tgt = wmt_like_lengths(20_000)
     for world in (1, 2, 8):
-        split = derive_split(cfg, world)
+        split = derive_split(TrainConfig(batch_tokens=25000, max_tokens=4096), world, src, tgt)
         assert split.max_tokens <= 4096
-        assert 25000 <= world * split.accum * split.max_tokens < 25000 + world * split.accum
-    assert derive_split(TrainConfig(batch_tokens=25000), 8).accum == 1
-    assert derive_split(TrainConfig(batch_tokens=25000), 8).max_tokens == 3125
+        padded = 25000 / world / split.real_fraction
+        assert padded <= split.accum * split.max_tokens < padded + split.accum
 
 
 def test_checkpoints_rotation_metrics_and_schedule(data: Path, tmp_path: Path) -> None:

@@ -149,7 +149,7 @@ def test_reporter_is_silent_off_the_main_rank(tmp_path: Path) -> None:
 
 def test_feed_resumes_mid_epoch_and_moves_on_to_the_next(data: Path) -> None:
     src, tgt = open_data_dir(data).split("train")
-    split = derive_split(TrainConfig(batch_tokens=240, max_tokens=120), world=1)
+    split = derive_split(TrainConfig(batch_tokens=240, max_tokens=120), 1, src.lengths, tgt.lengths)
     ctx = DistContext(rank=0, world=1, local_rank=0, device=torch.device("cpu"))
     feed = TrainFeed(src, tgt, split, seed=1, ctx=ctx, max_epochs=2, name="data")
     everything = [(p.batches[0].tolist(), u) for p, u in feed.updates(Position())]

@@ -39,6 +39,8 @@ class Position:
     elapsed_s: float = 0.0  # training time of the run, summed over every process
     skipped: int = 0  # non-finite updates skipped
     best_dev_loss: float | None = None
+    train_flops: float = 0.0  # counted: matrix products of every update (core/flops.py)
+    device_flops: float = 0.0  # the paper's Table 2 way: time x devices x sustained rate
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Position:
@@ -49,6 +51,8 @@ class Position:
             elapsed_s=float(state["elapsed_s"]),
             skipped=int(state.get("skipped", 0)),
             best_dev_loss=state.get("best_dev_loss"),
+            train_flops=float(state.get("train_flops", 0.0)),
+            device_flops=float(state.get("device_flops", 0.0)),
         )
 
 

@@ -14,15 +14,17 @@ from pathlib import Path
 class BatchSplit:
     """How the recipe's effective batch is spread over devices and accumulation steps."""
 
-    batch_tokens: int  # effective batch: target (and source) tokens per update
+    batch_tokens: int  # effective batch: real tokens of the larger side per update
     world: int  # processes (devices)
     accum: int  # forward/backward passes per process per update
-    max_tokens: int  # padded tokens per forward pass per process
+    max_tokens: int  # padded tokens (sentences x longest side) per forward pass per process
+    real_fraction: float = 1.0  # real tokens (larger side) per padded token on this data
 
     def describe(self) -> str:
         return (
-            f"{self.batch_tokens:,} tokens per update = {self.world} device(s) x "
-            f"{self.accum} accumulation step(s) x {self.max_tokens:,} max tokens"
+            f"about {self.batch_tokens:,} real tokens per update = {self.world} device(s) x "
+            f"{self.accum} accumulation step(s) x {self.max_tokens:,} padded tokens "
+            f"({self.real_fraction:.0%} real)"
         )
 
 
@@ -39,6 +41,7 @@ class TrainStarted:
     start_step: int  # 0 for a fresh run
     max_steps: int  # 0 = no limit
     threads: int
+    first_updates: list[tuple[int, int]]  # real (source, target) tokens of the next updates
 
 
 @dataclass(frozen=True)

@@ -12,22 +12,39 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+import numpy as np
+
 from nmt_cli.config import TrainConfig
-from nmt_cli.core.batching import Batch, EpochPlan, collate, plan_epoch
+from nmt_cli.core.batching import Batch, EpochPlan, collate, plan_epoch, real_token_fraction
 from nmt_cli.core.data import TokenStore
+from nmt_cli.core.flops import train_flops
+from nmt_cli.core.transformer import ModelConfig
 from nmt_cli.engines.train.checkpoints import Position
 from nmt_cli.engines.train.distributed import DistContext
 from nmt_cli.engines.train.events import BatchSplit
 from nmt_cli.errors import NmtError
 
 
-def derive_split(train: TrainConfig, world: int) -> BatchSplit:
-    """Per-device max_tokens and accumulation so that world x accum x max_tokens is about
-    the recipe's effective batch, whatever the number of devices."""
-    share = max(1, math.ceil(train.batch_tokens / world))
-    cap = train.max_tokens or share
-    accum = max(1, math.ceil(share / cap))
-    return BatchSplit(train.batch_tokens, world, accum, math.ceil(share / accum))
+def derive_split(
+    train: TrainConfig, world: int, src_lengths: np.ndarray, tgt_lengths: np.ndarray
+) -> BatchSplit:
+    """Per-device padded max_tokens and accumulation so that an update holds about
+    `train.batch_tokens` real tokens on its larger side, whatever the number of devices.
+
+    Batches are cut by padded size (what bounds memory); the padded budget is the real one
+    divided by the fraction of padded slots that real tokens fill on this data, measured
+    at the batch size it gives (twice: the fraction depends a little on the size).
+    """
+    share = max(1, math.ceil(train.batch_tokens / world))  # real tokens per device
+    padded = share
+    fraction = 1.0
+    for _ in range(2):
+        per_pass = min(train.max_tokens or padded, padded)
+        fraction = real_token_fraction(src_lengths, tgt_lengths, per_pass)
+        padded = math.ceil(share / fraction)
+    cap = train.max_tokens or padded
+    accum = max(1, math.ceil(padded / cap))
+    return BatchSplit(train.batch_tokens, world, accum, math.ceil(padded / accum), fraction)
 
 
 class TrainFeed:
@@ -84,6 +101,16 @@ class TrainFeed:
             batch = collate(self.src, self.tgt, plan.batches[index])
             out.append((batch.to(self.device), 0.0 if slot is None else 1.0))
         return out
+
+    def update_flops(self, plan: EpochPlan, update: int, cfg: ModelConfig) -> float:
+        """Training FLOPs of the whole update over all ranks, on the padded shapes."""
+        lo = update * plan.slots
+        total = 0.0
+        for b in plan.batches[lo : lo + plan.slots]:
+            src_len = int(self.src.lengths[b].max()) + 1
+            tgt_len = int(self.tgt.lengths[b].max()) + 1
+            total += train_flops(cfg, len(b), src_len, tgt_len)
+        return total
 
     def micro_seeds(self, attempt: int) -> list[int]:
         """Dropout seeds of this rank's micro-batches, from their global slot in the update:

@@ -28,8 +28,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli.config import RecipeConfig
+from nmt_cli.core.batching import EpochPlan
 from nmt_cli.core.checkpoint import load_checkpoint, model_state
-from nmt_cli.core.precision import resolve_precision
+from nmt_cli.core.flops import matmul_rate
+from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.schedule import paper_adam, paper_learning_rate
 from nmt_cli.core.transformer import ModelConfig, Transformer, count_parameters
 from nmt_cli.core.vocab import PAD_ID, VocabPair
@@ -135,7 +137,7 @@ class _Trainer:
         self.consecutive_bad = 0
         self.data = open_data_dir(recipe.data.dir)
         train_src, train_tgt = self.data.split("train")
-        self.split = derive_split(tc, ctx.world)
+        self.split = derive_split(tc, ctx.world, train_src.lengths, train_tgt.lengths)
         self.feed = TrainFeed(
             train_src, train_tgt, self.split, tc.seed, ctx, tc.max_epochs, str(self.data.root)
         )
@@ -184,6 +186,7 @@ class _Trainer:
             run, self.cfg, self.data.vocab, recipe.to_dict(), tc.keep_last
         )
         self.clock = TrainingClock(self.pos.elapsed_s)
+        self.device_rate = matmul_rate(ctx.device, dtype_of(self.precision))
         self.validator = (
             Validator(self.model, self.data, recipe, self.precision, ctx.device, self.split)
             if ctx.is_main and "valid" in self.data.splits
@@ -222,6 +225,9 @@ class _Trainer:
         """Train until a limit or a signal; returns what stopped it."""
         tc = self.tc
         self.report.open_tensorboard()
+        plan = self.feed.plan(self.pos.epoch)
+        first = -(-self.pos.batches_done // plan.slots)
+        upcoming = range(first, min(first + 3, plan.updates))
         self.report.emit(
             TrainStarted(
                 run_dir=self.run.root,
@@ -231,10 +237,11 @@ class _Trainer:
                 parameters=count_parameters(self.model),
                 train_pairs=len(self.feed.src),
                 dev_pairs=len(self.validator.dev) if self.validator is not None else 0,
-                updates_per_epoch=self.feed.plan(self.pos.epoch).updates,
+                updates_per_epoch=plan.updates,
                 start_step=self.pos.step,
                 max_steps=tc.max_steps,
                 threads=torch.get_num_threads(),
+                first_updates=[plan.update_real_tokens(u) for u in upcoming],
             )
         )
         policy = StopPolicy(tc)
@@ -261,7 +268,7 @@ class _Trainer:
                 attempts += 1
                 self.pos.batches_done = min(len(plan.batches), (update + 1) * plan.slots)
                 self._count(stats)
-                self.pos.elapsed_s = self.clock.elapsed()
+                self._account(plan, update)
                 seconds = time.monotonic() - t0
                 if tuner is not None:
                     changed = tuner.after_update(update_tokens, seconds)
@@ -294,6 +301,13 @@ class _Trainer:
         # A final step checkpoint (with dev figures) unless this step already has one.
         self.save(validate=not self.keeper.has_step(self.pos.step))
         return stopped_by
+
+    def _account(self, plan: EpochPlan, update: int) -> None:
+        """Advance the clock and both training-cost counters (see core/flops.py)."""
+        now = self.clock.elapsed()
+        self.pos.device_flops += (now - self.pos.elapsed_s) * self.ctx.world * self.device_rate
+        self.pos.elapsed_s = now
+        self.pos.train_flops += self.feed.update_flops(plan, update, self.cfg)
 
     def _thread_tuner(self) -> ThreadTuner | None:
         """Only when the recipe leaves the thread count to us (train.threads = 0) and one

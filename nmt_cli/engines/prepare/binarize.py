@@ -1,9 +1,11 @@
-"""Encode text pairs into token stores with several worker processes, in bounded memory.
+"""The binarize stage: each split's cleaned text encoded into memory-mapped token stores.
 
 Chunks of pairs go to a process pool whose workers each load the SentencePiece models
 once; results come back in submission order as flat id arrays plus lengths, and are
 appended to the stores. At most `2 * workers` chunks are in flight, so memory stays flat
 however large the corpus is (a plain `Pool.imap` would read the whole input ahead).
+Each split is written atomically and recorded as soon as it is done, so a killed run
+resumes with the next split.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import chain, islice
+from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
 from nmt_cli.core.data import TokenStoreWriter, smallest_dtype
+from nmt_cli.engines.prepare.layout import Layout
+from nmt_cli.engines.prepare.progress import Progress, step
+from nmt_cli.engines.prepare.vocabulary import Vocabulary
 
 CHUNK_PAIRS = 8192
+# below this many pairs, starting worker processes costs more than it saves
+POOL_MIN_PAIRS = 50_000
 
 Encoded = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -36,14 +44,61 @@ class EncodeCounts:
     max_src_len: int
     max_tgt_len: int
 
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "pairs": self.pairs,
-            "src_tokens": self.src_tokens,
-            "tgt_tokens": self.tgt_tokens,
-            "max_src_len": self.max_src_len,
-            "max_tgt_len": self.max_tgt_len,
-        }
+
+@dataclass(frozen=True)
+class BinarizeInputs:
+    """The splits still to encode (name -> cleaned pairs, in order) and the vocabulary."""
+
+    splits: dict[str, int]
+    vocabulary: Vocabulary
+    vocab_size: int
+    workers: int = 0  # encoding processes, 0 = one per core; does not change the result
+
+
+def binarize(
+    inputs: BinarizeInputs,
+    layout: Layout,
+    progress: Progress,
+    on_split: Callable[[str, EncodeCounts], None],
+) -> int:
+    """Encode each split into `out`, calling `on_split` as each one is complete; pairs done."""
+    src_proto = (layout.out / inputs.vocabulary.src_model).read_bytes()
+    tgt_proto = (layout.out / inputs.vocabulary.tgt_model).read_bytes()
+    workers = inputs.workers or os.cpu_count() or 1
+    total = 0
+    for split, n in inputs.splits.items():
+        with step(progress, "binarize", f"binarize {split}", n) as work:
+            src_w = TokenStoreWriter(layout.store(split, "src"), inputs.vocab_size)
+            tgt_w = TokenStoreWriter(layout.store(split, "tgt"), inputs.vocab_size)
+            try:
+                counts = encode_to_stores(
+                    _read_pairs(layout.cleaned(split, "src"), layout.cleaned(split, "tgt")),
+                    src_w,
+                    tgt_w,
+                    src_proto,
+                    tgt_proto,
+                    inputs.vocab_size,
+                    workers if n > POOL_MIN_PAIRS else 1,
+                    work.advance,
+                )
+            except BaseException:
+                src_w.abort()
+                tgt_w.abort()
+                raise
+            src_w.close()
+            tgt_w.close()
+        on_split(split, counts)
+        total += n
+    return total
+
+
+def _read_pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
+    with (
+        open(src, encoding="utf-8", newline="\n") as fs,
+        open(tgt, encoding="utf-8", newline="\n") as ft,
+    ):
+        for a, b in zip(fs, ft, strict=True):
+            yield a.rstrip("\n"), b.rstrip("\n")
 
 
 class _Encoder:

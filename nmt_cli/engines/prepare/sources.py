@@ -1,4 +1,4 @@
-"""Where a corpus comes from: named presets, local text, local `datasets` data, the demo.
+"""Where a corpus comes from: presets, local directories, explicit paths, `datasets` data.
 
 Every source is resolved to a `Corpus`: a description for the manifest and, per split
 ("train", "valid", "test"), an object whose `pairs()` streams (source, target) strings.
@@ -9,72 +9,20 @@ prove that path offline.
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from nmt_cli.engines.demo_corpus import DEMO_SPLITS, DEMO_VERSION, demo_corpus
-from nmt_cli.engines.text_files import LineDecoder, TextPairs, one_line
+from nmt_cli.engines.prepare.demo_corpus import DEMO_SPLITS, DEMO_VERSION, demo_corpus
+from nmt_cli.engines.prepare.presets import DEMO, PRESETS, Preset, preset_names
 from nmt_cli.errors import NmtError
+from nmt_cli.text_io import LineDecoder, TextPairs, one_line
 
-SPLITS = ("train", "valid", "test")
 _ROLE_WORDS = {"train": ("train",), "valid": ("valid", "validation", "val", "dev")}
 _ROLE_WORDS["test"] = ("test",)
 _DATA_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named corpus: where `datasets` finds it and the paper's settings for it."""
-
-    name: str
-    hf_path: str
-    hf_name: str
-    src: str
-    tgt: str
-    vocab_size: int
-    train_pairs: int
-    valid: str
-    test: str
-    note: str
-    character_coverage: float = 0.9999
-
-    def direction(self) -> str:
-        return f"{self.src}->{self.tgt}"
-
-
-_HELD_OUT = "valid newstest2013, test newstest2014 (full). "
-
-
-def _wmt14(src: str, tgt: str) -> Preset:
-    other = tgt if src == "en" else src
-    if other == "de":
-        return Preset(
-            f"wmt14-{src}-{tgt}", "wmt/wmt14", "de-en", src, tgt, 37_000, 4_508_785,
-            "3,000", "3,003",
-            _HELD_OUT + "Paper: shared BPE of about 37,000 tokens; 4.5M pairs",
-        )  # fmt: skip
-    return Preset(
-        f"wmt14-{src}-{tgt}", "wmt/wmt14", "fr-en", src, tgt, 32_000, 40_836_715,
-        "3,000", "3,003",
-        _HELD_OUT + "Paper: 32,000 word pieces, 36M pairs. The Hub has 40.8M: the default cleaning "
-        "(1-250 words a side, length ratio <= 1.5: Moses clean-corpus-n, as fairseq's WMT14 "
-        "en-fr script) drops the overlong and misaligned pairs to come near the paper's 36M; "
-        "--dedup also drops exact repeats",
-    )  # fmt: skip
-
-
-_PAIRS = (("en", "de"), ("de", "en"), ("en", "fr"), ("fr", "en"))
-PRESETS: dict[str, Preset] = {p.name: p for p in (_wmt14(a, b) for a, b in _PAIRS)}
-DEMO = "demo"
-DEMO_VOCAB_SIZE = 1000
-
-
-def preset_names() -> list[str]:
-    return [DEMO, *PRESETS]
 
 
 class SplitSource(Protocol):
@@ -83,20 +31,18 @@ class SplitSource(Protocol):
     @property
     def total(self) -> int | None: ...
 
-    def describe(self) -> list[str]: ...
-
     def pairs(self) -> Iterator[tuple[str, str]]: ...
 
 
 @dataclass(frozen=True)
 class Corpus:
-    kind: str  # "demo" | "preset" | "text" | "datasets"
+    """A resolved source: its direction, its splits, and what the manifest says of it."""
+
     src: str
     tgt: str
     splits: dict[str, SplitSource]
     info: dict[str, Any]  # what the manifest records about the source
-    default_vocab_size: int = 8000
-    character_coverage: float = 1.0
+    character_coverage: float = 1.0  # SentencePiece's; below 1 for the large WMT alphabets
     decoder: LineDecoder | None = None  # counts replaced UTF-8 lines of text sources
 
 
@@ -159,15 +105,13 @@ def _direction(req: SourceRequest, src: str, tgt: str, name: str) -> tuple[str, 
 
 @dataclass(frozen=True)
 class ListPairs:
+    """A split held in memory (the demo's)."""
+
     items: list[tuple[str, str]]
-    name: str
 
     @property
     def total(self) -> int | None:
         return len(self.items)
-
-    def describe(self) -> list[str]:
-        return [self.name]
 
     def pairs(self) -> Iterator[tuple[str, str]]:
         return iter(self.items)
@@ -179,11 +123,11 @@ def _demo(req: SourceRequest) -> Corpus:
     corpus = demo_corpus(1)
     flip = src != "en"
     splits: dict[str, SplitSource] = {
-        name: ListPairs([(b, a) for a, b in pairs] if flip else pairs, f"demo:{name}")
+        name: ListPairs([(b, a) for a, b in pairs] if flip else pairs)
         for name, pairs in corpus.items()
     }
     info = {"kind": "demo", "version": DEMO_VERSION, "sizes": dict(DEMO_SPLITS)}
-    return Corpus("demo", src, tgt, splits, info, default_vocab_size=DEMO_VOCAB_SIZE)
+    return Corpus(src, tgt, splits, info)
 
 
 # --- datasets (Hub presets and local files) ------------------------------------------------
@@ -196,14 +140,10 @@ class DatasetPairs:
     dataset: Any
     src: str
     tgt: str
-    name: str
 
     @property
     def total(self) -> int | None:
         return len(self.dataset)
-
-    def describe(self) -> list[str]:
-        return [self.name]
 
     def pairs(self) -> Iterator[tuple[str, str]]:
         nested = "translation" in self.dataset.column_names
@@ -239,25 +179,25 @@ def _check_schema(dataset: Any, src: str, tgt: str, where: str) -> None:
 
 
 def _dataset_corpus(
-    splits_in: dict[str, Any], src: str, tgt: str, info: dict[str, Any], where: str, **kw: Any
+    splits_in: dict[str, Any],
+    src: str,
+    tgt: str,
+    info: dict[str, Any],
+    where: str,
+    character_coverage: float = 1.0,
 ) -> Corpus:
     splits: dict[str, SplitSource] = {}
     for name, dataset in splits_in.items():
         _check_schema(dataset, src, tgt, f"{where} ({name})")
-        splits[name] = DatasetPairs(dataset, src, tgt, f"{where}:{name}")
+        splits[name] = DatasetPairs(dataset, src, tgt)
     _require_train_valid(splits, where)
-    return Corpus(str(info["kind"]), src, tgt, splits, info, **kw)
+    return Corpus(src, tgt, splits, info, character_coverage)
 
 
-def _hf_splits(dataset_dict: Any, test_split: str = "", valid_split: str = "") -> dict[str, Any]:
+def _hf_splits(dataset_dict: Any, valid_split: str = "", test_split: str = "") -> dict[str, Any]:
     """Map a DatasetDict's split names (validation, dev, ...) onto train/valid/test."""
-    names = list(dataset_dict.keys())
-    out: dict[str, Any] = {}
-    for role, choice in (("train", ""), ("valid", valid_split), ("test", test_split)):
-        found = _pick(role, [n for n in names if _role_of(n) == role], choice, "split", "")
-        if found:
-            out[role] = dataset_dict[found]
-    return out
+    roles = _pick_roles(dataset_dict.keys(), valid_split, test_split, "split", "")
+    return {role: dataset_dict[name] for role, name in roles}
 
 
 def _preset(preset: Preset, req: SourceRequest) -> Corpus:
@@ -282,7 +222,6 @@ def _preset(preset: Preset, req: SourceRequest) -> Corpus:
         tgt,
         info,
         preset.name,
-        default_vocab_size=preset.vocab_size,
         character_coverage=preset.character_coverage,
     )
 
@@ -302,7 +241,7 @@ def _local_datasets(path: Path, req: SourceRequest) -> Corpus | None:
                 f"{path}: a single saved Dataset; save a DatasetDict with train and "
                 "validation (and test) splits"
             )
-        splits = _hf_splits(loaded, req.test_split, req.valid_split)
+        splits = _hf_splits(loaded, req.valid_split, req.test_split)
         return _dataset_corpus(splits, req.src, req.tgt, info, str(path))
     by_split: dict[str, list[str]] = {}
     builder = ""
@@ -316,11 +255,8 @@ def _local_datasets(path: Path, req: SourceRequest) -> Corpus | None:
             by_split.setdefault(stem, []).append(str(f))
     if not by_split:
         return None
-    chosen: dict[str, list[str]] = {}
-    for role, choice in (("train", ""), ("valid", req.valid_split), ("test", req.test_split)):
-        found = _pick(role, [s for s in by_split if _role_of(s) == role], choice, "split", "")
-        if found:
-            chosen[role] = by_split[found]
+    roles = _pick_roles(by_split, req.valid_split, req.test_split, "split", "")
+    chosen = {role: by_split[name] for role, name in roles}
     info["files"] = {role: [Path(f).name for f in files] for role, files in chosen.items()}
     try:
         loaded = datasets.load_dataset(builder, data_files=chosen, cache_dir=req.cache_dir or None)
@@ -329,7 +265,7 @@ def _local_datasets(path: Path, req: SourceRequest) -> Corpus | None:
     return _dataset_corpus(dict(loaded), req.src, req.tgt, info, str(path))
 
 
-# --- local parallel text -------------------------------------------------------------------
+# --- split names, and local parallel text ------------------------------------------------
 
 
 def _role_of(stem: str) -> str:
@@ -364,6 +300,20 @@ def _pick(role: str, candidates: list[str], choice: str, what: str, where: str) 
     )
 
 
+def _pick_roles(
+    names: Iterable[str], valid_split: str, test_split: str, what: str, where: str
+) -> Iterator[tuple[str, str]]:
+    """(role, name) for each role some name fills, in the order train, valid, test.
+
+    Lazy, so a caller's check of one role's files runs before the next role is picked.
+    """
+    names = list(names)
+    for role, choice in (("train", ""), ("valid", valid_split), ("test", test_split)):
+        found = _pick(role, [n for n in names if _role_of(n) == role], choice, what, where)
+        if found:
+            yield role, found
+
+
 def _text_stems(path: Path, lang: str) -> dict[str, Path]:
     """{stem: file} for files named STEM.LANG or STEM.LANG.gz."""
     out: dict[str, Path] = {}
@@ -387,11 +337,8 @@ def _local_path(path: Path, req: SourceRequest) -> Corpus:
     decoder = LineDecoder(req.on_bad_utf8)
     splits: dict[str, SplitSource] = {}
     files: dict[str, list[str]] = {}
-    for role, choice in (("train", ""), ("valid", req.valid_split), ("test", req.test_split)):
-        stems = sorted({s for s in (*src_files, *tgt_files) if _role_of(s) == role})
-        found = _pick(role, stems, choice, "file set", str(path))
-        if not found:
-            continue
+    stems = sorted({*src_files, *tgt_files})
+    for role, found in _pick_roles(stems, req.valid_split, req.test_split, "file set", str(path)):
         for lang, table in ((req.src, src_files), (req.tgt, tgt_files)):
             if found not in table:
                 other = src_files.get(found) or tgt_files.get(found)
@@ -405,7 +352,7 @@ def _local_path(path: Path, req: SourceRequest) -> Corpus:
         )
     _require_train_valid(splits, str(path))
     info = {"kind": "text", "path": str(path.resolve()), "files": files}
-    return Corpus("text", req.src, req.tgt, splits, info, decoder=decoder)
+    return Corpus(req.src, req.tgt, splits, info, decoder=decoder)
 
 
 def _explicit_files(req: SourceRequest) -> Corpus:
@@ -419,7 +366,7 @@ def _explicit_files(req: SourceRequest) -> Corpus:
     _require_train_valid(splits, "the command line")
     files = {split: [str(Path(a).resolve()), str(Path(b).resolve())] for split, a, b in req.files}
     info = {"kind": "text", "files": files}
-    return Corpus("text", req.src, req.tgt, splits, info, decoder=decoder)
+    return Corpus(req.src, req.tgt, splits, info, decoder=decoder)
 
 
 def _require_train_valid(splits: dict[str, SplitSource], where: str) -> None:
@@ -427,48 +374,3 @@ def _require_train_valid(splits: dict[str, SplitSource], where: str) -> None:
         if needed not in splits:
             hint = "valid, val or dev" if needed == "valid" else "train"
             raise NmtError(f"{where}: no {needed} split found (name it {hint})")
-
-
-def seeded_sample(pairs: Iterable[tuple[str, str]], k: int, seed: int) -> Iterator[tuple[str, str]]:
-    """A uniform sample of k pairs in corpus order (reservoir sampling: one pass, k in memory)."""
-    rng = random.Random(seed)
-    reservoir: list[tuple[int, tuple[str, str]]] = []
-    for i, pair in enumerate(pairs):
-        if i < k:
-            reservoir.append((i, pair))
-        else:
-            j = rng.randrange(i + 1)
-            if j < k:
-                reservoir[j] = (i, pair)
-    reservoir.sort(key=lambda item: item[0])
-    return (pair for _, pair in reservoir)
-
-
-def list_presets() -> list[dict[str, str]]:
-    """Rows for `nmt prepare --list`."""
-    rows = [
-        {
-            "name": DEMO,
-            "direction": "en->de",
-            "datasets": "(built in)",
-            "train": f"{DEMO_SPLITS['train']:,}",
-            "valid / test": f"{DEMO_SPLITS['valid']} / {DEMO_SPLITS['test']}",
-            "vocabulary": f"BPE {DEMO_VOCAB_SIZE:,}",
-            "note": "a generated English-like to German-like pair (also --src de --tgt en); "
-            "the quickstart corpus",
-        }
-    ]
-    for p in PRESETS.values():
-        rows.append(
-            {
-                "name": p.name,
-                "direction": p.direction(),
-                "datasets": f"{p.hf_path} {p.hf_name}",
-                "train": f"{p.train_pairs:,}",
-                "valid / test": f"{p.valid} / {p.test}",
-                "vocabulary": f"BPE {p.vocab_size:,}",
-                "note": p.note,
-            }
-        )
-    assert [r["name"] for r in rows] == preset_names()
-    return rows

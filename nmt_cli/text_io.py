@@ -1,9 +1,11 @@
-"""Reading parallel text files: plain or gzipped, one sentence a line, checked as we go.
+"""Reading text files: plain or gzipped, one sentence a line, checked as we go.
 
-Both sides are streamed line by line (memory does not grow with the corpus), and every
-user mistake surfaces as an `NmtError` naming the file and line: a missing or corrupt file,
-bytes that are not UTF-8 (unless the caller asked to replace them), and sides whose line
-counts differ, which would silently misalign every pair after the first missing line.
+Generic on purpose (it knows nothing of data directories or stages), so every command that
+reads a user's text shares one set of rules and one set of error messages. Both sides are
+streamed line by line (memory does not grow with the corpus), and every user mistake
+surfaces as an `NmtError` naming the file and line: a missing or corrupt file, bytes that
+are not UTF-8 (unless the caller asked to replace them), and sides whose line counts
+differ, which would silently misalign every pair after the first missing line.
 """
 
 from __future__ import annotations
@@ -89,9 +91,6 @@ class TextPairs:
     @property
     def total(self) -> int | None:
         return None
-
-    def describe(self) -> list[str]:
-        return [str(self.src_path), str(self.tgt_path)]
 
     def pairs(self) -> Iterator[tuple[str, str]]:
         src_lines, tgt_lines = _lines(self.src_path), _lines(self.tgt_path)
