@@ -59,7 +59,12 @@ class _View:
         cache: DecoderCache,
         need_weights: bool = False,
     ) -> tuple[Tensor, Any]:
-        return self.model.decode_step(last_tokens, memory, src_mask, cache, need_weights)
+        lprobs, weights = self.model.decode_step(last_tokens, memory, src_mask, cache, need_weights)
+        return lprobs, None if weights is None else self.keep(weights)
+
+    def keep(self, weights: list[Tensor]) -> list[Tensor]:
+        """What search records of one step's weights (see Transformer.decode_step)."""
+        return weights
 
 
 class EveryAttention(_View):
@@ -83,15 +88,5 @@ class CrossAttentionOf(_View):
         super().__init__(model)
         self.index = len(model.decoder) + layer  # decode_step lists self-attention first
 
-    def decode_step(
-        self,
-        last_tokens: Tensor,
-        memory: Tensor,
-        src_mask: Tensor,
-        cache: DecoderCache,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Any]:
-        lprobs, weights = self.model.decode_step(last_tokens, memory, src_mask, cache, need_weights)
-        if weights is None:
-            return lprobs, None
-        return lprobs, [weights[self.index].float().mean(1)[:, 0]]
+    def keep(self, weights: list[Tensor]) -> list[Tensor]:
+        return [weights[self.index].float().mean(1)[:, 0]]

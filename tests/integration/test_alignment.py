@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from translation_ckpt import reverse_words, sentences
 from typer.testing import CliRunner
 
@@ -28,12 +26,7 @@ runner = CliRunner()
 UNSEEN = sentences(30, seed=11)  # not in ALIGN_POOL's order; the models generalise
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ produced it, equal to a teacher-forced pass over its tokens, without changing th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -12,13 +10,7 @@ from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID
 
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _sources() -> torch.Tensor:
