@@ -21,6 +21,8 @@ from nmt_cli.engines.pictures.backend import check_out_dir
 from nmt_cli.engines.translate import LENGTH_PENALTY_HELP, Translator
 from nmt_cli.errors import NmtError
 
+_D = DecodeConfig()  # the defaults: the paper's decoding settings (section 6.1)
+
 
 def attention(
     sentence: str = typer.Argument(..., help="The source sentence (raw text)."),
@@ -49,8 +51,8 @@ def attention(
     formats: str = typer.Option(
         ",".join(FORMATS), "--format", help="Comma-separated: png, svg, html."
     ),
-    beam: int = typer.Option(4, "--beam", help="Beam size of the translation drawn."),
-    alpha: float = typer.Option(0.6, "--alpha", help=LENGTH_PENALTY_HELP + "."),
+    beam: int = typer.Option(_D.beam_size, "--beam", help="Beam size of the translation drawn."),
+    alpha: float = typer.Option(_D.length_penalty, "--alpha", help=LENGTH_PENALTY_HELP + "."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto."),
 ) -> None:
     """Draw the attention of SENTENCE and its translation.

@@ -26,8 +26,11 @@ def plot(
         ",".join(IMAGE_FORMATS), "--format", help="Comma-separated: png, svg."
     ),
 ) -> None:
-    """Draw training loss, dev loss and perplexity, dev BLEU, learning rate, tokens/s and
-    gradient norm against steps and against training time, from each run's metrics.jsonl.
+    """Draw the training curves of one or more runs, overlaid.
+
+    Training loss, dev loss and perplexity, dev BLEU, learning rate, tokens/s and gradient
+    norm, from each run's metrics.jsonl, against steps (curves-steps) and against training
+    time (curves-time).
     """
     with user_errors():
         chosen = tuple(f.strip().lower() for f in formats.split(",") if f.strip())
