@@ -9,6 +9,7 @@ from nmt_cli.commands.average import average_checkpoints
 from nmt_cli.commands.prepare import prepare_command
 from nmt_cli.commands.run import run
 from nmt_cli.commands.score import score
+from nmt_cli.commands.sweep import sweep
 from nmt_cli.commands.train import train
 from nmt_cli.commands.translate import translate
 
@@ -47,6 +48,7 @@ app.command("translate")(translate)
 app.command("average-checkpoints")(average_checkpoints)
 app.command("score")(score)
 app.command("run")(run)
+app.command("sweep")(sweep)
 
 
 def main() -> None:
