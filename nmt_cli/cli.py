@@ -11,6 +11,7 @@ from nmt_cli.commands.plot import plot
 from nmt_cli.commands.prepare import prepare_command
 from nmt_cli.commands.run import run
 from nmt_cli.commands.score import score
+from nmt_cli.commands.sweep import sweep
 from nmt_cli.commands.train import train
 from nmt_cli.commands.translate import translate
 
@@ -49,6 +50,7 @@ app.command("translate")(translate)
 app.command("average-checkpoints")(average_checkpoints)
 app.command("score")(score)
 app.command("run")(run)
+app.command("sweep")(sweep)
 app.command("attention")(attention)
 app.command("plot")(plot)
 

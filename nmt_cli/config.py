@@ -67,8 +67,12 @@ class TrainConfig:
     """The training procedure of section 5; defaults are the paper's base model."""
 
     run_dir: str = "runs/demo"
-    batch_tokens: int = 25000  # effective batch: source and target tokens per update
-    max_tokens: int = 0  # per device and forward pass; 0 = batch_tokens / devices
+    # The update's size in real tokens (no padding) of its larger side, as the paper counts
+    # "approximately 25000 source tokens and 25000 target tokens" (section 5.1).
+    batch_tokens: int = 25000
+    # Memory cap: padded tokens (sentences x longest side) per device and forward pass;
+    # 0 = the device's whole share of the update in one pass.
+    max_tokens: int = 0
     label_smoothing: float = 0.1
     warmup_steps: int = 4000
     lr_scale: float = 1.0  # multiplies equation (3); 1.0 is the paper

@@ -62,7 +62,8 @@ def results_table(result: RunResult) -> Table:
     """The paper's Table 2 shape: one row per system, both BLEU flavours side by side."""
     pair = f"{result.src.upper()}-{result.tgt.upper()}"
     table = Table(title=f"{result.recipe}: {pair} test set", caption=_caption(result))
-    for column in ("model", "sacreBLEU", "BLEU (tokenized)", "chrF2", "steps", "time", "params"):
+    columns = ("model", "sacreBLEU", "BLEU (tokenized)", "chrF2", "steps", "time", "params")
+    for column in (*columns, "FLOPs"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for s in result.systems:
         table.add_row(
@@ -73,6 +74,7 @@ def results_table(result: RunResult) -> Table:
             f"{result.steps:,}",
             duration(result.train_seconds),
             f"{result.parameters / 1e6:.1f}M",
+            f"{result.train_flops:.1e}",
         )
     return table
 
@@ -82,4 +84,8 @@ def _caption(result: RunResult) -> str:
     lines = [f"sacreBLEU: {first.bleu_signature}"]
     if first.paper_bleu_signature:
         lines.append(f"tokenized (the paper's way, not comparable): {first.paper_bleu_signature}")
+    lines.append(
+        "FLOPs: matrix products of every update, forward + backward, counted; the paper's "
+        f"Table 2 way (time x devices x measured matmul rate): {result.device_flops:.1e}"
+    )
     return "\n".join(lines)

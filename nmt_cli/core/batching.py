@@ -143,21 +143,17 @@ def real_token_fraction(
     src_lengths: np.ndarray,
     tgt_lengths: np.ndarray,
     max_tokens: int,
-    sample: int = 200_000,
 ) -> float:
     """Real tokens of the larger side per padded token of `max_tokens` batches.
 
     The padded budget (sentences x longest side) is what bounds memory, but the paper
     counts real tokens ("approximately 25000 source tokens and 25000 target tokens",
     section 5.1): padding and the shorter side of each pair make the two differ by about
-    20% on WMT-like lengths. Measured on a seeded sample of at most `sample` pairs, which
-    is plenty to fill length-sorted batches as densely as the whole corpus does.
+    20% on WMT-like lengths. Measured on the whole corpus, not a sample: how densely a
+    length-sorted batch is filled depends on how many pairs share each length.
     """
     src = np.asarray(src_lengths, dtype=np.int64)
     tgt = np.asarray(tgt_lengths, dtype=np.int64)
-    if len(src) > sample:
-        pick = np.random.default_rng(0).choice(len(src), size=sample, replace=False)
-        src, tgt = src[pick], tgt[pick]
     if len(src) == 0:
         return 1.0
     padded = real_src = real_tgt = 0

@@ -89,6 +89,9 @@ class RunResult:
     steps: int = 0
     train_seconds: float = 0.0
     parameters: int = 0
+    train_flops: float = 0.0  # counted matrix products, forward + backward (core/flops.py)
+    device_flops: float = 0.0  # the paper's Table 2 estimate: time x devices x device rate
+    dev_ppl: float | None = None  # at the last validation
     systems: list[SystemScore] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -246,6 +249,26 @@ def _training_facts(run_dir: Path, result: RunResult) -> None:
     last = run_dir / "checkpoints" / "last.pt"
     if last.is_file():
         ckpt = load_checkpoint(last)
+        state = ckpt.train_state or {}
         result.steps = ckpt.step
-        result.train_seconds = float((ckpt.train_state or {}).get("elapsed_s", 0.0))
+        result.train_seconds = float(state.get("elapsed_s", 0.0))
+        result.train_flops = float(state.get("train_flops", 0.0))
+        result.device_flops = float(state.get("device_flops", 0.0))
         result.parameters = count_parameters(ckpt.build_model())
+    result.dev_ppl = last_dev_ppl(run_dir)
+
+
+def last_dev_ppl(run_dir: Path) -> float | None:
+    """The dev perplexity of the run's last validation (metrics.jsonl), if any."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    ppl = None
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("type") == "valid" and "dev_ppl" in record:
+            ppl = float(record["dev_ppl"])
+    return ppl

@@ -20,17 +20,22 @@ def test_two_process_update_equals_one_process_with_twice_the_batch() -> None:
 
 
 def test_two_gloo_ranks_train_like_one_process_accumulating(tmp_path: Path) -> None:
-    """The same recipe (240 tokens an update, 120 per pass) on 2 processes x 1 pass and on
-    1 process x 2 accumulated passes: same batches, same dropout masks, same weights."""
+    """The same recipe (240 real tokens an update, at most 200 padded tokens a pass) on 2
+    processes x 1 pass and on 1 process x 2 accumulated passes: same batches, same
+    dropout masks, same weights."""
     data = make_data_dir(tmp_path / "data")
-    one = train(tiny_recipe(data, tmp_path / "one", max_steps=4, save_interval_steps=0))
+    recipe = {"max_steps": 4, "save_interval_steps": 0, "max_tokens": 200}
+    one = train(tiny_recipe(data, tmp_path / "one", **recipe))
     two = train(
-        tiny_recipe(data, tmp_path / "two", max_steps=4, save_interval_steps=0),
-        TrainOptions(procs=2, dist_timeout_s=60),
+        tiny_recipe(data, tmp_path / "two", **recipe), TrainOptions(procs=2, dist_timeout_s=60)
     )
     assert two.steps == one.steps == 4
     a = load_checkpoint(one.run_dir / "checkpoints/last.pt")
     b = load_checkpoint(two.run_dir / "checkpoints/last.pt")
-    assert b.train_state is not None and b.train_state["split"]["world"] == 2
+    assert a.train_state is not None and b.train_state is not None
+    split_one, split_two = a.train_state["split"], b.train_state["split"]
+    assert (split_one["world"], split_one["accum"]) == (1, 2)
+    assert (split_two["world"], split_two["accum"]) == (2, 1)
+    assert split_one["max_tokens"] == split_two["max_tokens"]
     for key, value in a.model.items():
         torch.testing.assert_close(b.model[key], value, rtol=1e-5, atol=1e-6)

@@ -31,19 +31,20 @@ def derive_split(
     """Per-device padded max_tokens and accumulation so that an update holds about
     `train.batch_tokens` real tokens on its larger side, whatever the number of devices.
 
-    Batches are cut by padded size (what bounds memory); the padded budget is the real one
-    divided by the fraction of padded slots that real tokens fill on this data, measured
-    at the batch size it gives (twice: the fraction depends a little on the size).
+    Batches are cut by padded size (what bounds memory); the padded budget of an update is
+    the real one divided by the fraction of padded slots that real tokens fill on this
+    data at the size of one pass. With `train.max_tokens` set, the fraction is measured at
+    that cap, so the split depends on the number of devices only through the division
+    below (2 devices x 1 pass cut the same batches as 1 device x 2 passes); otherwise at
+    the per-device share itself (measured twice, as the share depends on it).
     """
-    share = max(1, math.ceil(train.batch_tokens / world))  # real tokens per device
-    padded = share
-    fraction = 1.0
-    for _ in range(2):
-        per_pass = min(train.max_tokens or padded, padded)
+    share = math.ceil(train.batch_tokens / world)  # real tokens per device and update
+    per_pass = train.max_tokens or share
+    for _ in range(1 if train.max_tokens else 2):
         fraction = real_token_fraction(src_lengths, tgt_lengths, per_pass)
         padded = math.ceil(share / fraction)
-    cap = train.max_tokens or padded
-    accum = max(1, math.ceil(padded / cap))
+        per_pass = train.max_tokens or padded
+    accum = max(1, math.ceil(padded / per_pass))
     return BatchSplit(train.batch_tokens, world, accum, math.ceil(padded / accum), fraction)
 
 
