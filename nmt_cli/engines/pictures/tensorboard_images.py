@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 BLUE = np.array([8, 81, 156], dtype=np.float64)  # the darkest blue of matplotlib's "Blues"
-GAP = 4  # white pixels between heads
+GAP = 4  # pixels between heads, grey so that white (no attention) edges stay visible
+GAP_GREY = 160
 
 
 def heads_image(weights: np.ndarray, cell: int = 0) -> np.ndarray:
@@ -21,7 +22,7 @@ def heads_image(weights: np.ndarray, cell: int = 0) -> np.ndarray:
     heads, rows, cols = weights.shape
     cell = cell or max(2, min(16, 256 // max(rows, cols)))
     height, width = rows * cell, cols * cell
-    image = np.full((height, heads * (width + GAP) - GAP, 3), 255.0)
+    image = np.full((height, heads * (width + GAP) - GAP, 3), float(GAP_GREY))
     for h in range(heads):
         w = np.clip(weights[h], 0.0, 1.0).repeat(cell, axis=0).repeat(cell, axis=1)
         x = h * (width + GAP)
