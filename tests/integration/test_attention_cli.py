@@ -23,6 +23,7 @@ from nmt_cli.engines.translate import Translator
 
 runner = CliRunner()
 SENTENCE = "the big red dog sat"
+REVERSED = "sat dog red big the"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -48,11 +49,11 @@ def page_data(path: Path) -> dict:  # type: ignore[type-arg]
 
 
 def test_pictures_decode_and_the_page_has_every_layer_and_head(
-    copier_unseen: Path, tmp_path: Path
+    reverser_unseen: Path, tmp_path: Path
 ) -> None:
-    code, files, err = draw(copier_unseen, tmp_path / "out")
+    code, files, err = draw(reverser_unseen, tmp_path / "out")
     assert code == 0, err
-    assert f"-> {SENTENCE!r}" in err  # the copy model translates the sentence exactly
+    assert f"-> {REVERSED!r}" in err  # the model reverses the sentence exactly
     names = sorted(p.name for p in files)
     stems = ["cross", "decoder-self", "encoder-layer1-heads", "encoder-layer1-lines"]
     assert names == sorted(["attention.html", *(f"{s}.{e}" for s in stems for e in ("png", "svg"))])
@@ -71,7 +72,7 @@ def test_pictures_decode_and_the_page_has_every_layer_and_head(
     assert set(re.findall(r"https?://[^\"' ]+", page)) == {"http://www.w3.org/2000/svg"}
     assert "<link" not in page and " src=" not in page
     data = page_data(tmp_path / "out/attention.html")
-    translator = Translator.load(copier_unseen, DecodeConfig(precision="fp32"))
+    translator = Translator.load(reverser_unseen, DecodeConfig(precision="fp32"))
     maps = record_attention(translator, SENTENCE)
     for kind, weights in (
         ("encoder", maps.encoder),
@@ -81,11 +82,11 @@ def test_pictures_decode_and_the_page_has_every_layer_and_head(
         shown = np.array(data["kinds"][kind]["layers"])
         assert shown.shape == weights.shape  # every layer x head x rows x columns
         np.testing.assert_allclose(shown, weights, atol=6e-4)
-    assert data["kinds"]["cross"]["rows"] == maps.target and data["translation"] == SENTENCE
+    assert data["kinds"]["cross"]["rows"] == maps.target and data["translation"] == REVERSED
 
 
-def test_attention_maps_are_distributions_and_the_decoder_is_causal(copier_unseen: Path) -> None:
-    translator = Translator.load(copier_unseen, DecodeConfig(precision="fp32"))
+def test_attention_maps_are_distributions_and_the_decoder_is_causal(reverser_unseen: Path) -> None:
+    translator = Translator.load(reverser_unseen, DecodeConfig(precision="fp32"))
     maps = record_attention(translator, SENTENCE)
     assert maps.translation == translator.translate([SENTENCE])[0].text
     assert (
@@ -98,14 +99,15 @@ def test_attention_maps_are_distributions_and_the_decoder_is_causal(copier_unsee
     assert words.source == ["the", "big", "red", "dog", "sat", "</s>"]
     assert words.cross.shape[-2:] == (6, 6) and words.unit_note == MERGE_NOTE
     np.testing.assert_allclose(words.cross.sum(-1), 1.0, atol=1e-5)
-    # The copy model attends to the word it writes: word j looks at source word j most.
-    assert list(words.cross.mean(axis=(0, 1)).argmax(-1)) == list(range(6))
+    # The model attends to the word it writes: target word j looks at source word 4 - j
+    # most, and the end of the sentence at the end.
+    assert list(words.cross.mean(axis=(0, 1)).argmax(-1)) == [4, 3, 2, 1, 0, 5]
 
 
-def test_two_heads_give_two_different_pictures(copier_unseen: Path, tmp_path: Path) -> None:
+def test_two_heads_give_two_different_pictures(reverser_unseen: Path, tmp_path: Path) -> None:
     pictures = []
     for head in ("1", "2"):
-        code, files, err = draw(copier_unseen, tmp_path, "--head", head, "--format", "png")
+        code, files, err = draw(reverser_unseen, tmp_path, "--head", head, "--format", "png")
         assert code == 0, err
         assert tmp_path / f"cross-head{head}.png" in files
         pictures.append(read_png(tmp_path / f"cross-head{head}.png"))
@@ -113,9 +115,9 @@ def test_two_heads_give_two_different_pictures(copier_unseen: Path, tmp_path: Pa
     assert np.abs(pictures[0] - pictures[1]).max() > 0.1
 
 
-def test_words_merge_pieces_and_say_so(copier_unseen: Path, tmp_path: Path) -> None:
+def test_words_merge_pieces_and_say_so(reverser_unseen: Path, tmp_path: Path) -> None:
     code, files, err = draw(
-        copier_unseen, tmp_path, "--words", "--format", "svg,html", "--focus", "red"
+        reverser_unseen, tmp_path, "--words", "--format", "svg,html", "--focus", "red"
     )
     assert code == 0, err
     assert {p.suffix for p in files} == {".svg", ".html"}
@@ -136,42 +138,42 @@ def test_words_merge_pieces_and_say_so(copier_unseen: Path, tmp_path: Path) -> N
     ],
 )
 def test_bad_options_get_one_line(
-    copier_unseen: Path, tmp_path: Path, args: list[str], message: str
+    reverser_unseen: Path, tmp_path: Path, args: list[str], message: str
 ) -> None:
-    code, _, err = draw(copier_unseen, tmp_path / "out", *args)
+    code, _, err = draw(reverser_unseen, tmp_path / "out", *args)
     assert code == 1
     assert len(err.strip().splitlines()) == 1 and message in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_missing_model_empty_sentence_and_unwritable_output(
-    copier_unseen: Path, tmp_path: Path
+    reverser_unseen: Path, tmp_path: Path
 ) -> None:
     code, _, err = draw(tmp_path / "nope.pt", tmp_path / "out")
     assert code == 1 and err.strip() == f"error: {tmp_path / 'nope.pt'}: no such checkpoint file"
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    code, _, err = draw(copier_unseen, blocker / "out")
+    code, _, err = draw(reverser_unseen, blocker / "out")
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert f"--out {blocker / 'out'}: cannot create the directory" in err
-    result = runner.invoke(app, ["attention", "", "-m", str(copier_unseen), "-o", str(tmp_path)])
+    result = runner.invoke(app, ["attention", "", "-m", str(reverser_unseen), "-o", str(tmp_path)])
     assert result.exit_code == 1 and "the sentence is empty" in result.stderr
 
 
 def test_without_matplotlib_images_are_refused_and_html_still_works(
-    copier_unseen: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    reverser_unseen: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    code, _, err = draw(copier_unseen, tmp_path, "--format", "png")
+    code, _, err = draw(reverser_unseen, tmp_path, "--format", "png")
     assert code == 1
     assert err.strip().splitlines() == [
         "error: drawing PNG/SVG pictures needs matplotlib, which is not installed: "
         "pip install 'nmt-cli[plot]'"
     ]
-    code, files, err = draw(copier_unseen, tmp_path, "--format", "html")
+    code, files, err = draw(reverser_unseen, tmp_path, "--format", "html")
     assert code == 0 and files == [tmp_path / "attention.html"]
 
 
