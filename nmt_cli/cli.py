@@ -53,7 +53,7 @@ class NmtGroup(TyperGroup):
             code = _usage_error(exc)
         except click_errors.ClickException as exc:
             code = _exit(fail(exc.format_message(), exc.exit_code))
-        except (click_errors.Abort, typer.Abort):
+        except typer.Abort:
             code = _exit(fail("interrupted", 130))
         if not standalone_mode:
             return code

@@ -104,6 +104,12 @@ class TrainConfig:
         below("train", self, 2**32, "seed")
 
 
+LENGTH_PENALTY_HELP = (
+    "GNMT length penalty: score(Y) = log P(Y|X) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, "
+    "|Y| counting the end-of-sentence token"
+)
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Section 6.1: beam 4, length penalty alpha 0.6, maximum length input + 50."""

@@ -24,6 +24,7 @@ from typing import BinaryIO
 import torch
 from torch import Tensor
 
+from nmt_cli.config import LENGTH_PENALTY_HELP as LENGTH_PENALTY_HELP  # its old home
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
@@ -31,12 +32,7 @@ from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.errors import NmtError
-
-LENGTH_PENALTY_HELP = (
-    "GNMT length penalty: score(Y) = log P(Y|X) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, "
-    "|Y| counting the end-of-sentence token"
-)
+from nmt_cli.errors import NmtError, UsageError
 
 
 @dataclass(frozen=True)
@@ -83,7 +79,7 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise NmtError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
+        raise UsageError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise NmtError(f"--device {name}: no CUDA device is available; use --device cpu")
     return device
@@ -258,13 +254,21 @@ def decode_line(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Iterator[list[str]]:
+def read_chunks(
+    stream: BinaryIO,
+    max_lines: int,
+    wait_s: float = 0.05,
+    decode: Callable[[bytes], str] = decode_line,
+    name: str = "the input",
+) -> Iterator[list[str]]:
     """Chunks of lines as they become available, at most `max_lines` each.
 
     A reader thread feeds a bounded queue. A chunk starts with the next line (waiting for
     it as long as needed), then takes what else arrives within `wait_s`, then whatever is
     already queued: a person typing gets each line translated at once, a file or a fast
-    pipe fills whole chunks, and at most about two chunks of text are ever held.
+    pipe fills whole chunks, and at most about two chunks of text are ever held. `decode`
+    turns each raw line into text, in input order (the CLI passes the shared text policy
+    of `nmt_cli/text_io.py`, which names the file and line of bytes that are not text).
     """
     lines: queue.Queue[bytes | None] = queue.Queue(maxsize=max_lines)
     failure: list[BaseException] = []
@@ -284,7 +288,7 @@ def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Itera
         item = lines.get()
         if item is None:
             break
-        chunk = [decode_line(item)]
+        chunk = [decode(item)]
         deadline = time.monotonic() + wait_s
         while len(chunk) < max_lines:
             left = deadline - time.monotonic()
@@ -295,10 +299,10 @@ def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Itera
             if item is None:
                 ended = True
                 break
-            chunk.append(decode_line(item))
+            chunk.append(decode(item))
         yield chunk
     if failure:
-        raise NmtError(f"reading the input failed: {failure[0]}")
+        raise NmtError(f"{name}: reading failed ({failure[0]}); is the file truncated?")
 
 
 def translate_stream(
