@@ -21,7 +21,9 @@ from nmt_cli.engines.prepare import StageEvent
 class StageProgress:
     """One bar per stage step ("clean train", "binarize valid", ...), driven by events."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, enabled: bool = True) -> None:
+        """`enabled` False (--quiet): the events are taken and nothing is shown."""
+        self.enabled = enabled
         self._progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description:<24}"),
@@ -30,6 +32,7 @@ class StageProgress:
             TimeElapsedColumn(),
             console=console,
             transient=False,
+            disable=not enabled,
         )
         self._tasks: dict[str, TaskID] = {}
 
@@ -46,6 +49,8 @@ class StageProgress:
         self._progress.__exit__(exc_type, exc, tb)
 
     def __call__(self, event: StageEvent) -> None:
+        if not self.enabled:
+            return
         if event.kind == "skip":
             self._progress.console.print(f"[dim]{event.label}[/]")
         elif event.kind == "start":

@@ -11,7 +11,6 @@ the model's positions are truncated and counted, never dropped.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -28,6 +27,7 @@ from nmt_cli.config import LENGTH_PENALTY_HELP as LENGTH_PENALTY_HELP  # its old
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
@@ -83,13 +83,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise NmtError(f"--device {name}: no CUDA device is available; use --device cpu")
     return device
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class Translator:
@@ -367,7 +360,8 @@ def format_translations(
 
 
 def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
-    """Spend `threads` CPU threads (0 = every core this process may run on) on `workers`
+    """Spend `threads` CPU threads (0 = every CPU this process may use, within its affinity
+    mask and cgroup quota: see core/cpus.py) on `workers`
     batches decoded side by side (0 = one per thread); returns (threads, workers).
 
     Beam search runs many small matrix products, and on small or shared CPUs splitting
@@ -375,7 +369,7 @@ def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
     on one batch were several times slower than 1 on the 2-core benchmark machine), so by
     default every thread decodes its own batch with single-threaded operations.
     """
-    n = threads if threads > 0 else available_cores()
+    n = threads if threads > 0 else usable_cpus()
     w = max(1, min(workers or n, n))
     torch.set_num_threads(max(1, n // w))
     return n, w

@@ -91,10 +91,10 @@ def test_until_stops_early(tmp_path: Path) -> None:
 
 def test_bad_stage_names_are_refused(tmp_path: Path) -> None:
     result = runner.invoke(app, _args(tmp_path, "--until", "deploy"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "unknown stage 'deploy'" in result.output
     result = runner.invoke(app, _args(tmp_path, "--from", "score", "--until", "train"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
 
 
 def test_interrupted_training_stops_the_run(
@@ -104,10 +104,10 @@ def test_interrupted_training_stops_the_run(
     from nmt_cli.engines.train import TrainResult
 
     def interrupted(*_: object, **__: object) -> TrainResult:
-        return TrainResult(tmp_path, 7, 1.0, None, None, None, None, "signal", 0)
+        return TrainResult(tmp_path, 7, 1.0, None, None, None, None, "signal", 0, signal=15)
 
     monkeypatch.setattr(run_engine, "train", interrupted)
     result = runner.invoke(app, _args(tmp_path))
-    assert result.exit_code == 1
-    assert "interrupted at step 7" in result.output
+    assert result.exit_code == 143  # 128 + SIGTERM, as `nmt train`
+    assert "interrupted by signal 15 at step 7" in result.output
     assert not (tmp_path / "run" / "average.pt").exists()

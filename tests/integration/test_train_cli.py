@@ -99,7 +99,8 @@ def test_run_dir_option_and_cpu_only_errors(setup: tuple[Path, Path], tmp_path: 
     assert fp16.exit_code == 1 and "fp16" in fp16.output and "needs a GPU" in fp16.output
 
 
-def test_sigterm_saves_and_exits_cleanly(tmp_path: Path) -> None:
+def test_sigterm_saves_and_exits_143(tmp_path: Path) -> None:
+    """Saved and stopped, but not finished: 128 + 15, so `nmt train ... && next` stops."""
     data = make_data_dir(tmp_path / "data")
     recipe = write_recipe(tmp_path, data, tmp_path / "run", steps=100_000)
     env = {**os.environ, "COLUMNS": "200"}
@@ -116,9 +117,11 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path: Path) -> None:
     ):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err.decode()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err.decode()
     assert "interrupted: saved checkpoints/last.pt" in err.decode()
+    assert err.decode().rstrip().splitlines()[-1].startswith("error: training stopped by signal 15")
+    assert out == b""  # no checkpoint path for a script to take as the result
     last = load_checkpoint(tmp_path / "run/checkpoints/last.pt")
     assert last.step >= 5
     assert not (tmp_path / "run/train.lock").exists()
