@@ -50,7 +50,7 @@ class DataConfig:
     valid_split: str = ""  # which dev file when a directory has several
     sample_max_pairs: bool = False  # max_pairs takes a seeded sample, not the first pairs
     on_bad_utf8: str = "error"  # or "replace": go on and count the damaged lines
-    cache_dir: str = ""  # the datasets cache for presets; empty = the library's default
+    cache_dir: str = ""  # download cache of presets; empty = ~/.cache (datasets: its own)
 
     def __post_init__(self) -> None:
         one_of("data", self, "on_bad_utf8", ("error", "replace"))

@@ -20,16 +20,18 @@ from nmt_cli.outputs import check_output_path
 
 def average_checkpoints(
     inputs: list[Path] = typer.Argument(
-        ..., help="Checkpoints to average, or one run directory with --last N."
+        ..., metavar="CHECKPOINT", help="Checkpoints, or a run dir with --last."
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Averaged checkpoint to write."),
     last: int | None = typer.Option(
-        None, "--last", help="Average the newest N step checkpoints of the run directory."
+        None, "--last", help="Average the newest N step checkpoints of a run."
     ),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
-    """Average checkpoints (the paper: the last 5 for base models, the last 20 for big).
+    """Average checkpoints, as the paper's final models.
+
+    The paper averages the last 5 checkpoints of base models, the last 20 of big ones.
 
     Weights are averaged in float64 one checkpoint at a time; the output is an inference
     checkpoint (no optimizer state) that `nmt translate` loads. Checkpoints of different

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # the recipe module is light, but keep start-up to what a com
 err_console = Console(stderr=True)
 out_console = Console()
 
-SET_HELP = "Override a recipe setting, e.g. --set model.d_model=256 (repeatable)."
+SET_HELP = "A recipe setting, e.g. model.d_model=256; repeatable."
 
 
 def quiet_option() -> Any:

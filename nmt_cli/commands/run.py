@@ -23,23 +23,22 @@ from nmt_cli.errors import UsageError
 if TYPE_CHECKING:  # the engine imports torch: only when the command runs
     from nmt_cli.engines.run import RunResult
 
-# The stages as `engines/run.STAGES` lists them (a test keeps the two equal); written out
-# here so that `nmt --help` does not import the engine, and with it torch.
-STAGE_NAMES = ("prepare", "train", "average", "translate", "score")
-_STAGE_HELP = f"One of {', '.join(STAGE_NAMES)}."
-
 
 def run(
-    recipe: Path = typer.Argument(..., help="Recipe TOML file, e.g. recipes/demo.toml."),
-    from_stage: str = typer.Option("prepare", "--from", help=f"First stage to run. {_STAGE_HELP}"),
-    until: str = typer.Option("score", "--until", help=f"Last stage to run. {_STAGE_HELP}"),
+    recipe: Path = typer.Argument(
+        ..., metavar="RECIPE", help="Recipe TOML file, e.g. recipes/demo.toml."
+    ),
+    from_stage: str = typer.Option("prepare", "--from", help="First stage to run."),
+    until: str = typer.Option("score", "--until", help="Last stage to run."),
     gpus: int = typer.Option(0, "--gpus", help="GPUs to train on; 0 = the CPU."),
     procs: int = typer.Option(1, "--procs", help="CPU processes (gloo) when --gpus is 0."),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=SET_HELP),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
-    """Run a whole experiment: prepare -> train -> average -> translate -> score.
+    """Run a whole recipe, resumably: prepare to score.
+
+    The stages: prepare -> train -> average -> translate -> score.
 
     Each stage whose output is already complete is skipped, so rerunning after any
     interruption continues where it stopped. Ends with a table in the shape of the

@@ -31,11 +31,14 @@ from nmt_cli.text_io import BAD_UTF8_CHOICES, LineDecoder, display_name, read_li
 
 def score(
     hyp: Path | None = typer.Argument(
-        None, help="Hypotheses, one a line (default or -: stdin); gzip/xz/bz2 ok."
+        None, metavar="HYP", help="Hypotheses, one a line; default or -: stdin."
     ),
     ref: list[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeatable)."),
     paper: bool = typer.Option(
-        True, "--paper/--no-paper", help="Also the paper's tokenized BLEU (labelled)."
+        True,
+        "--paper/--no-paper",
+        help="Also the paper's tokenized BLEU (default).",
+        show_default=False,
     ),
     lang: str = typer.Option("de", "--lang", help="Moses tokenizer language for --paper."),
     bootstrap: int = typer.Option(0, "--bootstrap", help="Resamples for 95% CIs, e.g. 1000."),
@@ -45,12 +48,19 @@ def score(
     test: str = typer.Option("bs", "--test", help="Paired test: bs (bootstrap) or ar."),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     on_bad_utf8: str = typer.Option(
-        "error", "--on-bad-utf8", help="Bytes that are not text: error, or replace."
+        "error",
+        "--on-bad-utf8",
+        help="Non-text bytes: error (default) or replace.",
+        show_default=False,
     ),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
-    """Score detokenized hypotheses against raw references (sacreBLEU's defaults)."""
+    """Score hypotheses: sacreBLEU, chrF, TER, paper BLEU.
+
+    Detokenized hypotheses against raw references, with sacreBLEU's defaults and
+    signatures; the paper's tokenized BLEU beside them, labelled.
+    """
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
         if test not in ("bs", "ar"):

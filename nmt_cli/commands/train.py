@@ -23,25 +23,27 @@ from nmt_cli.errors import Interrupted, UsageError
 
 
 def train(
-    recipe: Path = typer.Argument(..., help="Recipe TOML file, e.g. recipes/base.toml."),
-    gpus: int = typer.Option(
-        0, "--gpus", help="GPUs to train on, one process each (DDP over NCCL); 0 = the CPU."
+    recipe: Path = typer.Argument(
+        ..., metavar="RECIPE", help="Recipe TOML file, e.g. recipes/base.toml."
     ),
-    procs: int = typer.Option(1, "--procs", help="CPU processes (DDP over gloo) when --gpus is 0."),
+    gpus: int = typer.Option(0, "--gpus", help="GPUs, one DDP process each; 0 = the CPU."),
+    procs: int = typer.Option(1, "--procs", help="CPU processes (gloo) when --gpus is 0."),
     run_dir: str | None = typer.Option(
-        None, "--run-dir", help="Run directory (default: the recipe's train.run_dir)."
+        None, "--run-dir", help="Run directory; default: the recipe's train.run_dir."
     ),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=SET_HELP),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Build the model and print a summary; touch no data."
+        False, "--dry-run", help="Build the model, print a summary; touch no data."
     ),
     vocab_size: int | None = typer.Option(
-        None, "--vocab-size", help="Vocabulary size for --dry-run without a data directory."
+        None, "--vocab-size", help="Vocabulary size for --dry-run without data."
     ),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
-    """Train the recipe's model on its prepared data directory (data.dir).
+    """Train the recipe's model on its data directory.
+
+    The data directory is the recipe's data.dir, written by `nmt prepare`.
 
     Rerunning the same command on a run directory resumes from checkpoints/last.pt.
     Ctrl-C (SIGINT) or SIGTERM saves checkpoints/last.pt and exits with 130 or 143, so

@@ -18,7 +18,7 @@ from nmt_cli.commands.common import (
     warn,
 )
 from nmt_cli.commands.progress import CountProgress
-from nmt_cli.config import LENGTH_PENALTY_HELP, DecodeConfig, Precision
+from nmt_cli.config import DecodeConfig, Precision
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 from nmt_cli.outputs import check_output_path, open_output
@@ -50,41 +50,62 @@ _FLAGS = {
 def translate(
     model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (.pt) to translate with."),
     input: Path | None = typer.Option(
-        None, "--input", "-i", help="Text to translate (default or -: stdin); gzip/xz/bz2 ok."
+        None, "--input", "-i", help="Text to translate; default or -: stdin."
     ),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="Where to write (default or -: stdout); .gz compresses."
+        None, "--output", "-o", help="Output; default or -: stdout; .gz compresses."
     ),
     beam: int = typer.Option(_D.beam_size, "--beam", help="Beam size; 1 = greedy."),
-    alpha: float = typer.Option(_D.length_penalty, "--alpha", help=LENGTH_PENALTY_HELP + "."),
+    alpha: float = typer.Option(
+        _D.length_penalty, "--alpha", help="GNMT length penalty, see lp(Y) above."
+    ),
     max_len_a: float = typer.Option(
         _D.max_len_a, "--max-len-a", help="Max output = a * |src| + b."
     ),
     max_len_b: int = typer.Option(_D.max_len_b, "--max-len-b", help="See --max-len-a."),
     nbest: int = typer.Option(
-        _D.nbest, "--nbest", help="K best a line: 'N ||| text ||| score ||| log-prob'."
+        _D.nbest,
+        "--nbest",
+        help="K best a line: N ||| text ||| score ||| logprob",
+        show_default=False,
     ),
     batch_size: int = typer.Option(_D.batch_sentences, "--batch-size", help="Sentences per batch."),
     batch_tokens: int = typer.Option(
-        _D.batch_tokens, "--batch-tokens", help="Padded source tokens a batch; 0 = no limit."
+        _D.batch_tokens,
+        "--batch-tokens",
+        help="Padded source tokens a batch; default 0: any.",
+        show_default=False,
     ),
     precision: str = typer.Option(_D.precision, "--precision", help="fp32, bf16, fp16 or auto."),
     device: str = typer.Option(_D.device, "--device", help="cpu, cuda, cuda:N or auto."),
     threads: int = typer.Option(_D.threads, "--threads", help="CPU threads; 0 = all usable."),
     workers: int = typer.Option(
-        _D.workers, "--workers", help="Batches decoded at once on CPU; 0 = one a thread."
+        _D.workers,
+        "--workers",
+        help="Batches at once on CPU; default 0: one a thread.",
+        show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines with scores and timing."),
     on_bad_utf8: str = typer.Option(
-        "error", "--on-bad-utf8", help="Bytes that are not text: error, or replace."
+        "error",
+        "--on-bad-utf8",
+        help="Non-text bytes: error (default) or replace.",
+        show_default=False,
     ),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
-    """Translate raw text with beam search (the paper: beam 4, alpha 0.6, max |src| + 50).
+    """Translate raw text with beam search.
 
-    One output line per input line, always; an empty line gives an empty line. A
+    The paper's settings are the defaults: beam 4, alpha 0.6, at most |src| + 50
+    tokens. One output line per input line, always; an empty line gives an empty
+    line. Compressed input (gzip, xz, bzip2) is recognised by its content; a
     regular output file is replaced only when all its lines are written.
+
+    \b
+    Hypotheses are ranked by the GNMT length penalty (--alpha):
+      score(Y) = log P(Y|X) / lp(Y),  lp(Y) = ((5 + |Y|) / 6) ** alpha
+    with |Y| counting the end-of-sentence token.
     """
     from nmt_cli.engines.translate import (
         Translation,
