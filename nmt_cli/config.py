@@ -29,6 +29,18 @@ class ConfigError(NmtError):
     """A recipe or override that names an unknown key or holds a value of the wrong type."""
 
 
+class OverrideError(ConfigError):
+    """The bad key or value came from a `--set` on the command line: a usage error."""
+
+    exit_code = 2
+
+
+def _config_error(where: str, message: str) -> ConfigError:
+    """`where: message`, as a usage error when `where` is a --set."""
+    cls = OverrideError if where.startswith("--set") else ConfigError
+    return cls(f"{where}: {message}")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the corpus comes from and how `nmt prepare` turns it into a data directory."""
@@ -202,7 +214,7 @@ def recipe_from_dict(
     try:
         return _build(RecipeConfig, raw, prefix="", blame=blame)
     except SettingError as exc:  # a range check, which names its key
-        raise ConfigError(f"{blame(exc.key)}: {exc}") from None
+        raise _config_error(blame(exc.key), str(exc)) from None
     except ValueError as exc:  # another __post_init__ invariant
         raise ConfigError(f"{source}: {exc}") from None
 
@@ -214,7 +226,7 @@ def apply_override(raw: dict[str, Any], item: str) -> str:
     key = key.strip()
     parts = key.split(".")
     if not sep or not key or not all(p.strip() for p in parts):
-        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.max_steps=100")
+        raise OverrideError(f"--set {item!r}: expected section.key=value, e.g. train.max_steps=100")
     try:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -223,7 +235,7 @@ def apply_override(raw: dict[str, Any], item: str) -> str:
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {item}: {part} is a value, not a section")
+            raise OverrideError(f"--set {item}: {part} is a value, not a section")
         node = child
     node[parts[-1]] = value
     return key
@@ -285,7 +297,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> None:
 def _build(cls: type[Any], raw: Any, prefix: str, blame: _Blame) -> Any:
     where = prefix.rstrip(".") or "the recipe"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{blame(where)}: {where} must be a table of settings")
+        raise _config_error(blame(where), f"{where} must be a table of settings")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
@@ -294,8 +306,8 @@ def _build(cls: type[Any], raw: Any, prefix: str, blame: _Blame) -> Any:
             near = difflib.get_close_matches(key, list(fields), n=1)
             hint = f"; did you mean {prefix}{near[0]}?" if near else ""
             valid = ", ".join(sorted(fields))
-            raise ConfigError(
-                f"{blame(prefix + key)}: unknown key {prefix}{key}{hint} (valid: {valid})"
+            raise _config_error(
+                blame(prefix + key), f"unknown key {prefix}{key}{hint} (valid: {valid})"
             )
         hint_type = hints[key]
         if isinstance(hint_type, type) and dataclasses.is_dataclass(hint_type):
@@ -312,7 +324,7 @@ def _check_value(value: Any, hint: Any, key: str, source: str) -> Any:
         allowed = typing.get_args(hint)
         if value in allowed:
             return value
-        raise ConfigError(f"{source}: {key} must be one of {', '.join(map(repr, allowed))}")
+        raise _config_error(source, f"{key} must be one of {', '.join(map(repr, allowed))}")
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(hint):
             if option is type(None) and value is None:
@@ -321,12 +333,12 @@ def _check_value(value: Any, hint: Any, key: str, source: str) -> Any:
                 return _check_value(value, option, key, source)
             except ConfigError:
                 continue
-        raise ConfigError(f"{source}: {key} has the wrong type ({type(value).__name__})")
+        raise _config_error(source, f"{key} has the wrong type ({type(value).__name__})")
     expected = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is int and isinstance(value, bool):
-        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+        raise _config_error(source, f"{key} must be an integer, got {value!r}")
     if isinstance(hint, type) and isinstance(value, hint):
         return value
-    raise ConfigError(f"{source}: {key} must be {expected.get(hint, str(hint))}, got {value!r}")
+    raise _config_error(source, f"{key} must be {expected.get(hint, str(hint))}, got {value!r}")

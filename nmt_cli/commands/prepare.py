@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich import box
@@ -18,11 +19,11 @@ from nmt_cli.commands.common import (
     verbose_option,
     warn,
 )
-from nmt_cli.commands.prepare_progress import StageProgress
-from nmt_cli.engines.prepare import PrepareConfig, PrepareResult, list_presets, prepare
-from nmt_cli.engines.prepare.presets import default_max_len_ratio
 from nmt_cli.errors import UsageError
 from nmt_cli.outputs import check_output_dir
+
+if TYPE_CHECKING:  # the engine loads numpy and sentencepiece: only when the command runs
+    from nmt_cli.engines.prepare import PrepareResult
 
 
 def prepare_command(
@@ -104,6 +105,10 @@ def prepare_command(
       nmt prepare multi30k-en-de --from DIR       # the same files, offline
       nmt prepare --from DIR --src en --tgt de --out data/mine
     """  # fmt: skip
+    from nmt_cli.commands.prepare_progress import StageProgress
+    from nmt_cli.engines.prepare import PrepareConfig, prepare
+    from nmt_cli.engines.prepare.presets import default_max_len_ratio
+
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
         if list_:
@@ -148,6 +153,8 @@ def prepare_command(
 
 def _print_presets() -> None:
     """The list is the command's result: on stdout, one row per preset, then the notes."""
+    from nmt_cli.engines.prepare import list_presets
+
     table = Table(title="nmt prepare presets", box=box.SIMPLE_HEAD, pad_edge=False)
     rows = list_presets()
     columns = [c for c in rows[0] if c not in ("note", "source")]

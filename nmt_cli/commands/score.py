@@ -18,13 +18,6 @@ from nmt_cli.commands.common import (
     warn,
 )
 from nmt_cli.commands.progress import CountProgress
-from nmt_cli.engines.score import (
-    PAPER_LABEL,
-    ScoreSettings,
-    check_settings,
-    mostly_empty,
-    score_lines,
-)
 from nmt_cli.errors import UsageError
 from nmt_cli.text_io import BAD_UTF8_CHOICES, LineDecoder, display_name, read_lines
 
@@ -61,6 +54,14 @@ def score(
     Detokenized hypotheses against raw references, with sacreBLEU's defaults and
     signatures; the paper's tokenized BLEU beside them, labelled.
     """
+    from nmt_cli.engines.score import (
+        PAPER_LABEL,
+        ScoreSettings,
+        check_settings,
+        mostly_empty,
+        score_lines,
+    )
+
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
         if test not in ("bs", "ar"):
