@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from nmt_cli.core.files import is_special, write_target, writing
+from nmt_cli.core.files import write_target, writes_through, writing
 from nmt_cli.errors import NmtError
 
 STDOUT = "-"
@@ -58,11 +58,11 @@ def check_output_path(
                 f"{option} {given} is also an input ({other}); writing it would destroy "
                 "that input: choose another output"
             )
-    target = write_target(given)
-    if is_special(target):  # FIFO, device: written through, so it must be writable
-        if not os.access(target, os.W_OK):
+    if writes_through(given):  # FIFO, device: written in place, so it must be writable
+        if given.exists() and not os.access(given, os.W_OK):
             raise NmtError(f"{option} {given}: permission denied")
         return
+    target = write_target(given)
     folder = target.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent  # missing folders are created, from the first one that exists

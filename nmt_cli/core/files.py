@@ -24,8 +24,13 @@ def write_target(path: str | Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
-def is_special(path: str | Path) -> bool:
-    """True for an existing file that is not a regular file: FIFO, device, socket."""
+def writes_through(path: str | Path) -> bool:
+    """Whether `path` is to be opened and written in place rather than replaced: an
+    existing FIFO, device or socket (through any symlink, so /dev/stdout on a pipe), and
+    anything under /dev or /proc, whose files are not ours to replace (/dev/stdout
+    redirected to a log with >> must be appended to, not swapped for a new file)."""
+    if str(Path(path).absolute()).startswith(("/dev/", "/proc/")):
+        return True
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -58,17 +63,39 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             tmp.unlink()
 
 
+_STD_FDS = {"/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def _open_through(path: str | Path) -> BinaryIO:
+    """A descriptor that names one of ours (/dev/stdout, /dev/fd/N) is duplicated, not
+    reopened: reopening truncates a file the shell opened with `>>` or writes it from
+    its start. Anything else is opened for writing."""
+    name = str(path)
+    fd = _STD_FDS.get(name)
+    for prefix in ("/dev/fd/", "/proc/self/fd/"):
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            fd = int(name[len(prefix) :])
+    if fd is not None:
+        return os.fdopen(os.dup(fd), "wb")
+    return open(path, "wb")
+
+
 @contextlib.contextmanager
 def writing(path: str | Path) -> Iterator[BinaryIO]:
     """Open `path` for writing bytes the way its kind needs: atomically for a regular or
-    new file (through any symlink), written through for a FIFO or a device."""
-    target = write_target(path)
-    if is_special(target):
-        with open(target, "wb") as fh:
+    new file (through any symlink), written through for a FIFO or a device. A failure
+    to write (a full disk) names `path`."""
+    try:
+        if writes_through(path):
+            with _open_through(path) as fh:
+                yield fh
+            return
+        with atomic_path(write_target(path)) as tmp, open(tmp, "wb") as fh:
             yield fh
-        return
-    with atomic_path(target) as tmp, open(tmp, "wb") as fh:
-        yield fh
+    except OSError as exc:
+        if exc.filename is None or str(exc.filename).endswith(".tmp"):
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -339,10 +339,13 @@ def _pick_roles(
 
 
 def _text_stems(path: Path, lang: str) -> dict[str, Path]:
-    """{stem: file} for files named STEM.LANG or STEM.LANG.gz."""
+    """{stem: file} for files named STEM.LANG, or STEM.LANG.gz (.xz, .bz2): the reader
+    recognises compression by content, the suffix only names the file."""
     out: dict[str, Path] = {}
     for f in sorted(path.iterdir()):
-        name = f.name[:-3] if f.name.endswith(".gz") else f.name
+        name = f.name
+        for suffix in (".gz", ".xz", ".bz2"):
+            name = name.removesuffix(suffix)
         stem, dot, suffix = name.rpartition(".")
         if dot and suffix == lang and f.is_file():
             out[stem] = f
