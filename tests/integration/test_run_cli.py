@@ -82,6 +82,22 @@ def test_interrupted_run_continues_where_it_stopped(finished_run: Path) -> None:
     assert len(json.loads((run_dir / "results.json").read_text())["systems"]) == 3
 
 
+def test_a_system_that_outputs_mostly_nothing_is_warned_about(finished_run: Path) -> None:
+    """An undertrained model's empty lines score near 0 without any error: the table
+    alone would hide that, so the run says it (and results.json records it)."""
+    run_dir = finished_run / "run"
+    hyp = run_dir / "test.last.hyp"
+    lines = hyp.read_text().count("\n")
+    hyp.write_text("\n" * lines)
+    result = runner.invoke(app, _args(finished_run, "--from", "score"))
+    assert result.exit_code == 0, result.output
+    warning = f"warning: last: {lines:,} of {lines:,} translations are empty"
+    assert warning in result.stderr
+    results = json.loads((run_dir / "results.json").read_text())
+    assert any(w.startswith(warning.removeprefix("warning: ")) for w in results["warnings"])
+    (run_dir / "test.last.hyp").unlink()  # the later tests translate it again
+
+
 def test_until_stops_early(tmp_path: Path) -> None:
     result = runner.invoke(app, _args(tmp_path, "--until", "prepare"))
     assert result.exit_code == 0, result.output
