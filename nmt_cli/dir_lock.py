@@ -14,7 +14,6 @@ import os
 import socket
 import time
 from pathlib import Path
-from types import TracebackType
 
 from nmt_cli.errors import NmtError
 
@@ -72,12 +71,7 @@ class DirLock:
         self.acquire()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

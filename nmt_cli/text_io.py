@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, UsageError
 
 STDIN = "-"
 BAD_UTF8_CHOICES = ("error", "replace")
@@ -176,6 +176,10 @@ class LineDecoder:
     on_bad_utf8: str = "error"
     replaced: int = 0
     first_replaced: str = ""  # file:line of the first replaced line, for the warning
+
+    def __post_init__(self) -> None:
+        if self.on_bad_utf8 not in BAD_UTF8_CHOICES:
+            raise UsageError(f"--on-bad-utf8 {self.on_bad_utf8!r}: use error or replace")
 
     def decode(self, raw: bytes, path: str | Path, lineno: int) -> str:
         """One line's text, stripped, with inner line breaks as spaces."""

@@ -38,6 +38,15 @@ def quiet_option() -> Any:
     return typer.Option(False, "--quiet", "-q", help="Only warnings and errors on stderr.")
 
 
+def on_bad_utf8_option() -> Any:
+    return typer.Option(
+        "error",
+        "--on-bad-utf8",
+        help="Non-text bytes: error (default) or replace.",
+        show_default=False,
+    )
+
+
 def verbose_option() -> Any:
     return typer.Option(False, "--verbose", "-v", help="More detail; tracebacks of bugs.")
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from nmt_cli.commands.common import (
     Verbosity,
     err_console,
+    on_bad_utf8_option,
     out_console,
     quiet_option,
     user_errors,
@@ -74,12 +75,7 @@ def prepare_command(
         "", "--test-split", help="Which test set, e.g. test_2016_flickr."
     ),
     seed: int = typer.Option(1, "--seed", help="Seed of prepare's samples."),
-    on_bad_utf8: str = typer.Option(
-        "error",
-        "--on-bad-utf8",
-        help="Non-text bytes: error (default) or replace.",
-        show_default=False,
-    ),
+    on_bad_utf8: str = on_bad_utf8_option(),
     vocab_sample_lines: int = typer.Option(
         1_000_000,
         "--vocab-sample-lines",

@@ -5,16 +5,9 @@ from __future__ import annotations
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 
+from nmt_cli.commands.progress import bars
 from nmt_cli.engines.prepare import StageEvent
 
 
@@ -24,16 +17,7 @@ class StageProgress:
     def __init__(self, console: Console, enabled: bool = True) -> None:
         """`enabled` False (--quiet): the events are taken and nothing is shown."""
         self.enabled = enabled
-        self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description:<24}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-            disable=not enabled,
-        )
+        self._progress = bars(console, 24, transient=False, enabled=enabled)
         self._tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> StageProgress:

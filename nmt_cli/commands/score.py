@@ -12,6 +12,7 @@ from nmt_cli.commands.common import (
     Verbosity,
     err_console,
     info,
+    on_bad_utf8_option,
     quiet_option,
     user_errors,
     verbose_option,
@@ -19,7 +20,7 @@ from nmt_cli.commands.common import (
 )
 from nmt_cli.commands.progress import CountProgress
 from nmt_cli.errors import UsageError
-from nmt_cli.text_io import BAD_UTF8_CHOICES, LineDecoder, display_name, read_lines
+from nmt_cli.text_io import LineDecoder, display_name, read_lines
 
 
 def score(
@@ -40,12 +41,7 @@ def score(
     ),
     test: str = typer.Option("bs", "--test", help="Paired test: bs (bootstrap) or ar."),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
-    on_bad_utf8: str = typer.Option(
-        "error",
-        "--on-bad-utf8",
-        help="Non-text bytes: error (default) or replace.",
-        show_default=False,
-    ),
+    on_bad_utf8: str = on_bad_utf8_option(),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
@@ -66,13 +62,11 @@ def score(
     with user_errors(verbose):
         if test not in ("bs", "ar"):
             raise UsageError(f"--test {test!r}: use bs (paired bootstrap) or ar")
-        if on_bad_utf8 not in BAD_UTF8_CHOICES:
-            raise UsageError(f"--on-bad-utf8 {on_bad_utf8!r}: use error or replace")
         settings = ScoreSettings(
             paper=paper, lang=lang, bootstrap=bootstrap, test="bs" if test == "bs" else "ar"
         )
-        check_settings(settings)
         decoder = LineDecoder(on_bad_utf8)
+        check_settings(settings)
         hyp_name = display_name(hyp or "-")
         hyps = read_lines(hyp or "-", decoder)
         other = read_lines(compare, decoder) if compare else None

@@ -12,6 +12,7 @@ from nmt_cli.commands.common import (
     Verbosity,
     err_console,
     info,
+    on_bad_utf8_option,
     quiet_option,
     user_errors,
     verbose_option,
@@ -23,7 +24,6 @@ from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 from nmt_cli.outputs import check_output_path, open_output
 from nmt_cli.text_io import (
-    BAD_UTF8_CHOICES,
     LineDecoder,
     StreamDecoder,
     check_readable,
@@ -86,12 +86,7 @@ def translate(
         show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines with scores and timing."),
-    on_bad_utf8: str = typer.Option(
-        "error",
-        "--on-bad-utf8",
-        help="Non-text bytes: error (default) or replace.",
-        show_default=False,
-    ),
+    on_bad_utf8: str = on_bad_utf8_option(),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
@@ -123,15 +118,12 @@ def translate(
             nbest=nbest, batch_sentences=batch_size, batch_tokens=batch_tokens,
             precision=_precision(precision), device=device, threads=threads, workers=workers,
         )  # fmt: skip
-        if on_bad_utf8 not in BAD_UTF8_CHOICES:
-            raise UsageError(f"--on-bad-utf8 {on_bad_utf8!r}: use error or replace")
+        decoder = StreamDecoder(display_name(input or "-"), LineDecoder(on_bad_utf8))
         if input is not None:
             check_readable(input)
         check_output_path(output, inputs=[model, input])
         n_threads, workers = set_threads(cfg.threads, cfg.workers)
         translator = Translator.load(model, cfg, workers)
-        name = display_name(input or "-")
-        decoder = StreamDecoder(name, LineDecoder(on_bad_utf8))
         total = _line_count(input) if verbosity.progress else None
         with contextlib.ExitStack() as stack:
             source = stack.enter_context(contextlib.closing(open_binary(input or "-")))
@@ -145,7 +137,7 @@ def translate(
                 sink.flush()
                 progress.advance(len(results))
 
-            chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=name)
+            chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
             stats = translate_stream(translator, chunks, emit)
         if decoder.decoder.replaced:
             warn(decoder.decoder.warning())
