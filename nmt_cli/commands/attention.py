@@ -6,19 +6,9 @@ from pathlib import Path
 
 import typer
 
-from nmt_cli.commands.common import err_console, user_errors
-from nmt_cli.config import DecodeConfig
-from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.attention import record_attention
-from nmt_cli.engines.attention_views import default_layer
-from nmt_cli.engines.pictures.attention_files import (
-    FORMATS,
-    AttentionPictureOptions,
-    check_picture_options,
-    write_attention_pictures,
-)
-from nmt_cli.engines.pictures.backend import check_out_dir
-from nmt_cli.engines.translate import LENGTH_PENALTY_HELP, Translator
+from nmt_cli.commands.common import Verbosity, info, quiet_option, user_errors, verbose_option
+from nmt_cli.config import LENGTH_PENALTY_HELP, DecodeConfig
+from nmt_cli.engines.pictures.backend import ATTENTION_FORMATS
 from nmt_cli.errors import NmtError
 
 _D = DecodeConfig()  # the defaults: the paper's decoding settings (section 6.1)
@@ -49,11 +39,13 @@ def attention(
         help="Draw only the encoder lines from this token (as Figure 3 does for 'making').",
     ),
     formats: str = typer.Option(
-        ",".join(FORMATS), "--format", help="Comma-separated: png, svg, html."
+        ",".join(ATTENTION_FORMATS), "--format", help="Comma-separated: png, svg, html."
     ),
     beam: int = typer.Option(_D.beam_size, "--beam", help="Beam size of the translation drawn."),
     alpha: float = typer.Option(_D.length_penalty, "--alpha", help=LENGTH_PENALTY_HELP + "."),
     device: str = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto."),
+    quiet: bool = quiet_option(),
+    verbose: bool = verbose_option(),
 ) -> None:
     """Draw the attention of SENTENCE and its translation.
 
@@ -62,7 +54,19 @@ def attention(
     the model's own translation (beam search) as heatmaps of every layer and head, and one
     HTML page to browse them all. The weights are recorded by the search that translates.
     """
-    with user_errors():
+    from nmt_cli.core.checkpoint import load_checkpoint
+    from nmt_cli.engines.attention import record_attention
+    from nmt_cli.engines.attention_views import default_layer
+    from nmt_cli.engines.pictures.attention_files import (
+        AttentionPictureOptions,
+        check_picture_options,
+        write_attention_pictures,
+    )
+    from nmt_cli.engines.pictures.backend import check_out_dir
+    from nmt_cli.engines.translate import Translator
+
+    verbosity = Verbosity(quiet, verbose)
+    with user_errors(verbose):
         try:
             cfg = DecodeConfig(
                 beam_size=beam, length_penalty=alpha, precision="fp32", device=device
@@ -86,10 +90,8 @@ def attention(
         if words:
             maps = maps.merged()
         written = write_attention_pictures(maps, options)
-        err_console.print(
-            f"{sentence!r} -> {maps.translation!r}\nwrote {len(written)} files to {out}",
-            highlight=False,
-            soft_wrap=True,
+        info(
+            f"{sentence!r} -> {maps.translation!r}\nwrote {len(written)} files to {out}", verbosity
         )
         for path in written:
             typer.echo(path)

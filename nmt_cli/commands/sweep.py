@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
-from nmt_cli.commands.common import SET_HELP, err_console, user_errors
-from nmt_cli.engines.sweep import RowResult, SweepOptions, SweepResult, load_sweep, run_sweep
+from nmt_cli.commands.common import (
+    SET_HELP,
+    Verbosity,
+    err_console,
+    fail,
+    info,
+    quiet_option,
+    user_errors,
+    verbose_option,
+)
+
+if TYPE_CHECKING:  # the engine (and torch) load when the command runs
+    from nmt_cli.engines.sweep import RowResult, SweepResult
 
 
 def sweep(
@@ -17,31 +29,32 @@ def sweep(
     ),
     jobs: int = typer.Option(0, "--jobs", help="Rows at once; 0 = one per GPU or CPU core."),
     gpus: int = typer.Option(0, "--gpus", help="GPUs to spread the rows over; 0 = the CPU."),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP + " Applies to every row."),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP + " Every row."),
+    quiet: bool = quiet_option(),
+    verbose: bool = verbose_option(),
 ) -> None:
     """Run every row of a sweep as its own `nmt run`, then print a Table 3.
 
     Rows already complete are skipped and interrupted rows resume, so rerunning the
     same command carries on. The table is also written to RUNS_DIR/sweep.json.
     """
-    with user_errors():
+    from nmt_cli.engines.sweep import SweepOptions, load_sweep, run_sweep
+
+    verbosity = Verbosity(quiet, verbose)
+    with user_errors(verbose):
         plan = load_sweep(sweep_file)
         options = SweepOptions(jobs=jobs, gpus=gpus, extra_overrides=tuple(set_))
-        err_console.print(
-            f"[bold]nmt sweep[/] {len(plan.rows)} rows of {plan.recipe} into {plan.runs_dir}",
-            highlight=False,
-        )
+        info(f"nmt sweep: {len(plan.rows)} rows of {plan.recipe} into {plan.runs_dir}", verbosity)
 
         def notify(name: str, row: RowResult) -> None:
-            err_console.print(f"  {name}: {row.status}", highlight=False, soft_wrap=True)
+            info(f"  {name}: {row.status}", verbosity)
 
         result = run_sweep(plan, options, notify)
         err_console.print(sweep_table(result))
         typer.echo(f"{plan.runs_dir}/sweep.json")
         failed = [r.name for r in result.rows if r.status.startswith("failed")]
         if failed:
-            err_console.print(f"[bold red]error:[/] rows failed: {', '.join(failed)}")
-            raise typer.Exit(1)
+            raise fail(f"rows failed: {', '.join(failed)}")
 
 
 def _num(value: float | None, fmt: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,75 +21,9 @@ from torch import Tensor, nn
 
 from nmt_cli.core.cache import DecoderCache, LayerCache
 from nmt_cli.core.dropout import Dropout
+from nmt_cli.core.model_config import ModelConfig, PositionKind
 
-PositionKind = Literal["sinusoidal", "learned"]
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Every knob of the paper's Table 3 plus the vocabulary the model is built for.
-
-    `d_k` and `d_v` default to d_model / n_heads but can be set on their own (row B changes
-    d_k alone). Vocabulary sizes are filled in from the data when the model is built.
-    """
-
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    d_model: int = 512
-    d_ff: int = 2048
-    n_heads: int = 8
-    d_k: int | None = None
-    d_v: int | None = None
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    relu_dropout: float = 0.0
-    positions: PositionKind = "sinusoidal"
-    max_positions: int = 1024
-    src_vocab_size: int = 0
-    tgt_vocab_size: int = 0
-    pad_id: int = 0
-    share_embeddings: bool = True
-    joint_vocab: bool = True  # one vocabulary for both sides; filled in from the data
-
-    def __post_init__(self) -> None:
-        for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "n_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be at least 1, got {getattr(self, name)}")
-        if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
-            raise ValueError(
-                f"model.d_model ({self.d_model}) must be divisible by model.n_heads "
-                f"({self.n_heads}) unless model.d_k and model.d_v are set"
-            )
-        for name in ("dropout", "attention_dropout", "relu_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        sizes = (self.src_vocab_size, self.tgt_vocab_size)
-        if self.joint_vocab and all(sizes) and sizes[0] != sizes[1]:
-            raise ValueError(
-                f"a joint vocabulary has one size, got {self.src_vocab_size} source and "
-                f"{self.tgt_vocab_size} target pieces"
-            )
-        if self.positions not in ("sinusoidal", "learned"):
-            raise ValueError(
-                f"model.positions must be 'sinusoidal' or 'learned', got {self.positions!r}"
-            )
-
-    @property
-    def head_dim_k(self) -> int:
-        return self.d_k if self.d_k is not None else self.d_model // self.n_heads
-
-    @property
-    def head_dim_v(self) -> int:
-        return self.d_v if self.d_v is not None else self.d_model // self.n_heads
-
-    @property
-    def three_way_tying(self) -> bool:
-        """Section 3.4: "we share the same weight matrix between the two embedding layers
-        and the pre-softmax linear transformation". That needs one vocabulary for both
-        sides: with two SentencePiece models, source piece 10 and target piece 10 are
-        different strings, so the source gets its own matrix and only the target embedding
-        and the output projection stay tied (whatever the two sizes)."""
-        return self.share_embeddings and self.joint_vocab
+__all__ = ["ModelConfig", "PositionKind", "Transformer", "count_parameters"]
 
 
 def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:

@@ -14,6 +14,7 @@ averaged model (the paper's final model), the best checkpoint by dev loss, and t
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,11 +29,12 @@ from nmt_cli.engines.average import average_checkpoints, select_last
 from nmt_cli.engines.pictures.backend import INSTALL_HINT, plotting_available
 from nmt_cli.engines.pictures.curves import write_curves
 from nmt_cli.engines.prepare import Progress, prepare, prepare_from_data_config
-from nmt_cli.engines.score import ScoreSettings, score_lines
+from nmt_cli.engines.score import ScoreSettings, mostly_empty, score_lines
 from nmt_cli.engines.train import EventSink, TrainOptions, train
 from nmt_cli.engines.training_log import METRICS, read_run_log
 from nmt_cli.engines.translate import set_threads, translate_lines
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import Interrupted, NmtError, UsageError
+from nmt_cli.text_io import read_lines
 
 STAGES = ("prepare", "train", "average", "translate", "score")
 RESULTS = "results.json"
@@ -48,9 +50,9 @@ class RunOptions:
     def __post_init__(self) -> None:
         for name in (self.from_stage, self.until_stage):
             if name not in STAGES:
-                raise NmtError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+                raise UsageError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
         if STAGES.index(self.from_stage) > STAGES.index(self.until_stage):
-            raise NmtError(f"--from {self.from_stage} comes after --until {self.until_stage}")
+            raise UsageError(f"--from {self.from_stage} comes after --until {self.until_stage}")
 
     def runs(self, stage: str) -> bool:
         return (
@@ -78,6 +80,8 @@ class SystemScore:
     paper_bleu: float | None
     paper_bleu_signature: str | None
     chrf: float
+    empty_lines: int = 0  # when most of the output is empty (see score.mostly_empty), else 0
+    lines: int = 0
 
 
 @dataclass
@@ -96,6 +100,15 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def warnings(self) -> list[str]:
+        """What the results table alone would hide: systems that output mostly nothing."""
+        return [
+            f"{s.system}: {s.empty_lines:,} of {s.lines:,} translations are empty, so its "
+            f"scores mean little; the model is probably undertrained ({self.steps:,} steps)"
+            for s in self.systems
+            if s.empty_lines
+        ]
 
 
 @dataclass(frozen=True)
@@ -130,7 +143,8 @@ def run_recipe(
         hooks.stage(StageNotice("score", "start"))
         _score(recipe, run_dir, systems, result)
         _training_facts(run_dir, result)
-        atomic_write_text(run_dir / RESULTS, json.dumps(result.to_dict(), indent=2) + "\n")
+        record = {**result.to_dict(), "warnings": result.warnings()}
+        atomic_write_text(run_dir / RESULTS, json.dumps(record, indent=2) + "\n")
         hooks.stage(StageNotice("score", "done", str(run_dir / RESULTS)))
     if options.runs("train") or STAGES.index(options.from_stage) > STAGES.index("train"):
         hooks.stage(StageNotice("plot", "done", _plot(run_dir)))
@@ -153,16 +167,18 @@ def _prepare(recipe: RecipeConfig, hooks: RunHooks) -> str:
     return "up to date" if done.up_to_date else f"wrote {done.out}"
 
 
-class RunInterrupted(NmtError):
-    """Training stopped on a signal: the later stages must not run on a partial model."""
+class RunInterrupted(Interrupted):
+    """Training stopped on a signal: the later stages must not run on a partial model
+    (exit 128 + the signal, as `nmt train`)."""
 
 
 def _train(recipe: RecipeConfig, options: RunOptions, hooks: RunHooks) -> str:
     done = train(recipe, TrainOptions(gpus=options.gpus, procs=options.procs), hooks.train)
     if done.stopped_by == "signal":
         raise RunInterrupted(
-            f"training interrupted at step {done.steps:,} (checkpoint saved); "
-            "rerun the same command to continue"
+            f"training interrupted by signal {done.signal} at step {done.steps:,} "
+            "(checkpoint saved); rerun the same command to continue",
+            done.signal or signal.SIGINT,
         )
     return f"{done.steps:,} steps, stopped by {done.stopped_by}"
 
@@ -204,7 +220,7 @@ def _translate(recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path]) ->
     source = data.raw_text("test", "src")
     if not source.is_file():
         raise NmtError(f"{data.root}: no raw test text ({source.name}); rerun nmt prepare")
-    lines = source.read_text(encoding="utf-8").splitlines()
+    lines = read_lines(source)
     _, workers = set_threads(recipe.decode.threads, recipe.decode.workers)
     wrote = []
     for label, ckpt_path in systems.items():
@@ -221,13 +237,13 @@ def _score(
     recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path], result: RunResult
 ) -> None:
     data = open_data_dir(recipe.data.dir)
-    refs = data.raw_text("test", "tgt").read_text(encoding="utf-8").splitlines()
+    refs = read_lines(data.raw_text("test", "tgt"))
     settings = ScoreSettings(paper=recipe.score.paper_bleu, lang=data.tgt_lang)
     for label, ckpt_path in systems.items():
         hyp_path = _hyp_path(run_dir, label)
         if not hyp_path.is_file():
             continue
-        hyps = hyp_path.read_text(encoding="utf-8").splitlines()
+        hyps = read_lines(hyp_path)
         scores = score_lines(hyps, [refs], settings, names=[str(hyp_path), "reference"])
         paper = scores.paper_bleu
         result.systems.append(
@@ -239,6 +255,8 @@ def _score(
                 paper_bleu=paper.score if paper else None,
                 paper_bleu_signature=paper.signature if paper else None,
                 chrf=scores.get("chrF2").score,
+                empty_lines=mostly_empty(hyps),
+                lines=len(hyps),
             )
         )
     if not result.systems:

@@ -11,7 +11,6 @@ the model's positions are truncated and counted, never dropped.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -28,18 +27,14 @@ from torch import Tensor
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.engines.alignment import format_alignment, hard_alignment
 from nmt_cli.engines.attention_views import CrossAttentionOf, check_layer
-from nmt_cli.errors import NmtError
-
-LENGTH_PENALTY_HELP = (
-    "GNMT length penalty: score(Y) = log P(Y|X) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, "
-    "|Y| counting the end-of-sentence token"
-)
+from nmt_cli.errors import NmtError, UsageError
 
 
 @dataclass(frozen=True)
@@ -87,17 +82,10 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise NmtError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
+        raise UsageError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise NmtError(f"--device {name}: no CUDA device is available; use --device cpu")
     return device
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class Translator:
@@ -297,13 +285,21 @@ def decode_line(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Iterator[list[str]]:
+def read_chunks(
+    stream: BinaryIO,
+    max_lines: int,
+    wait_s: float = 0.05,
+    decode: Callable[[bytes], str] = decode_line,
+    name: str = "the input",
+) -> Iterator[list[str]]:
     """Chunks of lines as they become available, at most `max_lines` each.
 
     A reader thread feeds a bounded queue. A chunk starts with the next line (waiting for
     it as long as needed), then takes what else arrives within `wait_s`, then whatever is
     already queued: a person typing gets each line translated at once, a file or a fast
-    pipe fills whole chunks, and at most about two chunks of text are ever held.
+    pipe fills whole chunks, and at most about two chunks of text are ever held. `decode`
+    turns each raw line into text, in input order (the CLI passes the shared text policy
+    of `nmt_cli/text_io.py`, which names the file and line of bytes that are not text).
     """
     lines: queue.Queue[bytes | None] = queue.Queue(maxsize=max_lines)
     failure: list[BaseException] = []
@@ -323,7 +319,7 @@ def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Itera
         item = lines.get()
         if item is None:
             break
-        chunk = [decode_line(item)]
+        chunk = [decode(item)]
         deadline = time.monotonic() + wait_s
         while len(chunk) < max_lines:
             left = deadline - time.monotonic()
@@ -334,10 +330,10 @@ def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Itera
             if item is None:
                 ended = True
                 break
-            chunk.append(decode_line(item))
+            chunk.append(decode(item))
         yield chunk
     if failure:
-        raise NmtError(f"reading the input failed: {failure[0]}")
+        raise NmtError(f"{name}: reading failed ({failure[0]}); is the file truncated?")
 
 
 def translate_stream(
@@ -422,7 +418,8 @@ def format_translations(
 
 
 def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
-    """Spend `threads` CPU threads (0 = every core this process may run on) on `workers`
+    """Spend `threads` CPU threads (0 = every CPU this process may use, within its affinity
+    mask and cgroup quota: see core/cpus.py) on `workers`
     batches decoded side by side (0 = one per thread); returns (threads, workers).
 
     Beam search runs many small matrix products, and on small or shared CPUs splitting
@@ -430,7 +427,7 @@ def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
     on one batch were several times slower than 1 on the 2-core benchmark machine), so by
     default every thread decodes its own batch with single-threaded operations.
     """
-    n = threads if threads > 0 else available_cores()
+    n = threads if threads > 0 else usable_cpus()
     w = max(1, min(workers or n, n))
     torch.set_num_threads(max(1, n // w))
     return n, w

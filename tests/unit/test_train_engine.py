@@ -113,7 +113,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(data: Path, tmp_
 
     recipe = tiny_recipe(data, tmp_path / "cut", max_steps=8)
     first = train(recipe, on_event=interrupt_at_step_3)
-    assert first.stopped_by == "signal" and first.steps == 3
+    assert first.stopped_by == "signal" and first.steps == 3 and first.signal == signal.SIGINT
     resumed = train(recipe)
     assert resumed.steps == 8
     a, b = (

@@ -23,6 +23,7 @@ from nmt_cli.engines.attention_views import check_layer
 from nmt_cli.engines.pictures.attention_html import attention_page
 from nmt_cli.engines.pictures.attention_plots import Panel, draw_heatmaps, draw_lines
 from nmt_cli.engines.pictures.backend import (
+    ATTENTION_FORMATS,
     IMAGE_FORMATS,
     check_out_dir,
     require_plotting,
@@ -30,7 +31,7 @@ from nmt_cli.engines.pictures.backend import (
 )
 from nmt_cli.errors import NmtError
 
-FORMATS = (*IMAGE_FORMATS, "html")
+FORMATS = ATTENTION_FORMATS
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 INSTALL_HINT = "pip install 'nmt-cli[plot]'"
 IMAGE_FORMATS = ("png", "svg")
+ATTENTION_FORMATS = (*IMAGE_FORMATS, "html")  # nmt attention adds its browsable page
 
 
 class PlottingUnavailable(NmtError):

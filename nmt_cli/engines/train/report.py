@@ -15,7 +15,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nmt_cli.config import TrainConfig
-from nmt_cli.engines.train.events import CheckpointSaved, Notice, StepDone, TrainEvent
+from nmt_cli.engines.train.events import (
+    CheckpointSaved,
+    Notice,
+    StepDone,
+    TrainEvent,
+    TrainStarted,
+)
 from nmt_cli.engines.train.run_dir import RunDir
 from nmt_cli.engines.train.step import UpdateStats
 from nmt_cli.engines.train.validate import DevFigures
@@ -74,8 +80,34 @@ class Reporter:
         self.tensorboard: Any = None
 
     def emit(self, event: TrainEvent) -> None:
+        if self.is_main:
+            self._log_event(event)
         if self.on_event is not None:
             self.on_event(event)
+
+    def _log_event(self, event: TrainEvent) -> None:
+        """train.log: what a person watching the terminal would have read (every event
+        but the per-update ones, which metrics.jsonl and the log interval cover)."""
+        if isinstance(event, TrainStarted):
+            what = f"resuming at step {event.start_step:,}" if event.start_step else "starting"
+            self.run.log(
+                f"{what}: {event.device}, {event.threads} thread(s), {event.precision}, "
+                f"{event.parameters:,} parameters, {event.train_pairs:,} training pairs, "
+                f"batch {event.split.describe()}"
+            )
+        elif isinstance(event, CheckpointSaved):
+            where = event.path.name if event.path is not None else "last.pt"
+            dev = f", dev loss {event.dev_loss:.4f}" if event.dev_loss is not None else ""
+            bleu = f", dev BLEU {event.dev_bleu:.2f}" if event.dev_bleu is not None else ""
+            best = " (best)" if event.best else ""
+            self.run.log(f"step {event.step:,}: saved {where}{dev}{bleu}{best}")
+        elif isinstance(event, Notice):
+            self.run.log(("warning: " if event.warning else "") + event.text)
+
+    def finished(self, stopped_by: str, step: int, signum: int = 0) -> None:
+        if self.is_main:
+            why = f"signal {signum}" if stopped_by == "signal" and signum else stopped_by
+            self.run.log(f"stopped at step {step:,} by {why.replace('_', ' ')}")
 
     def notice(self, text: str, warning: bool = False) -> None:
         self.emit(Notice(text, warning))
@@ -130,6 +162,11 @@ class Reporter:
         if not self.is_main:
             return
         self.run.append_metrics(record)
+        if record.get("type") == "train":
+            self.run.log(
+                f"step {record['step']:,}: loss {record['loss']:.4f}, ppl {record['ppl']:.2f}, "
+                f"lr {record['lr']:.3g}, {record['tokens_per_s']:,.0f} tok/s"
+            )
         if self.tensorboard is not None:
             for key, value in record.items():
                 if key not in ("type", "step") and isinstance(value, int | float):
