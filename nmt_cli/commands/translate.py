@@ -87,16 +87,13 @@ def translate(
     ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines with scores and timing."),
     alignment: bool = typer.Option(
-        False,
-        "--alignment",
-        help="Add each sentence's source-target word alignment (Moses 'i-j' pairs, 0-based "
-        "words) from cross-attention: 'text ||| 0-0 1-2', or an 'alignment' field in JSON.",
+        False, "--alignment", help="Add Moses 'i-j' word alignments (see below)."
     ),
     alignment_layer: int = typer.Option(
         0,
         "--alignment-layer",
-        help="Decoder layer (1-based) whose cross-attention, averaged over heads, aligns; "
-        "0 = the penultimate layer, which aligns best (Garg et al., 2019). Implies --alignment.",
+        help="Decoder layer aligning; default 0: the penultimate.",
+        show_default=False,
     ),
     on_bad_utf8: str = on_bad_utf8_option(),
     quiet: bool = quiet_option(),
@@ -113,6 +110,13 @@ def translate(
     Hypotheses are ranked by the GNMT length penalty (--alpha):
       score(Y) = log P(Y|X) / lp(Y),  lp(Y) = ((5 + |Y|) / 6) ** alpha
     with |Y| counting the end-of-sentence token.
+
+    \b
+    --alignment adds each sentence's source-target word alignment, 0-based
+    word pairs from the cross-attention of one decoder layer averaged over
+    heads: 'text ||| 0-0 1-2', or an 'alignment' field in JSON. The
+    penultimate layer aligns best (Garg et al., 2019); --alignment-layer N
+    (1-based) picks another and implies --alignment.
     """
     from nmt_cli.core.checkpoint import load_checkpoint
     from nmt_cli.engines.attention_views import default_layer
