@@ -3,9 +3,10 @@
 Each revision is checked out into a temporary worktree and run with this environment's
 Python (its packages, that revision's `nmt_cli` first on PYTHONPATH). Both train the
 demo recipe's model for the same number of steps on the same prepared data, then
-translate the same test set with the same checkpoint (beam 4, fp32 and bf16), rounds
-alternating A, B, A, B so that the host's drift hits both alike. Prints the median
-target tokens/s of training, the sentences/s of decoding, and B/A ratios.
+translate the same test set with the same checkpoint (beam 4, fp32 and bf16). A and B
+run side by side, one thread each, so that the host's drift and any other load hit both
+alike. Prints the median target tokens/s of training, the sentences/s of decoding, and
+B/A ratios.
 
     .venv/bin/python bench/compare_revisions.py 68ba359 HEAD --rounds 3
 """
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +52,7 @@ def train_rate(tree: Path, work: Path, data: Path, steps: int, tag: str) -> floa
         "train.save_interval_steps=0",
         "train.log_interval_steps=5",
         "train.validate_bleu_sentences=0",
+        "train.threads=1",
     ]
     cmd = [*NMT, "train", str(ROOT / "recipes/demo.toml")]
     for item in settings:
@@ -62,7 +65,7 @@ def train_rate(tree: Path, work: Path, data: Path, steps: int, tag: str) -> floa
 
 def translate_rate(tree: Path, work: Path, model: Path, test: Path, precision: str) -> float:
     cmd = [*NMT, "translate", "-m", str(model), "-i", str(test), "-o", os.devnull]
-    cmd += ["--precision", precision, "--max-len-b", "20", "--quiet"]
+    cmd += ["--precision", precision, "--max-len-b", "20", "--quiet", "--threads", "1"]
     lines = sum(1 for _ in test.open(encoding="utf-8"))
     t0 = time.perf_counter()
     run(cmd, work, tree)
@@ -90,21 +93,28 @@ def main() -> None:
             test = work / "test.en"
             lines = (data / "test.src.txt").read_text(encoding="utf-8").splitlines()[:400]
             test.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            model = None
+            ckpt = work / "run-A0" / "checkpoints" / "last.pt"
             results: dict[str, dict[str, list[float]]] = {"A": {}, "B": {}}
-            for round_ in range(args.rounds):
-                for name, tree in trees.items():
-                    tag = f"{name}{round_}"
-                    rate = train_rate(tree, work, data, args.steps, tag)
-                    results[name].setdefault("train tok/s", []).append(rate)
-                    model = model or work / f"run-{tag}" / "checkpoints" / "last.pt"
+            with ThreadPoolExecutor(2) as pool:
+                for round_ in range(args.rounds):
+                    rates = pool.map(
+                        lambda n, r=round_: train_rate(trees[n], work, data, args.steps, f"{n}{r}"),
+                        trees,
+                    )
+                    for name, rate in zip(trees, rates, strict=True):
+                        results[name].setdefault("train tok/s", []).append(rate)
                     for precision in ("fp32", "bf16"):
-                        sent = translate_rate(tree, work, model, test, precision)
-                        results[name].setdefault(f"translate {precision} sent/s", []).append(sent)
+                        sents = pool.map(
+                            lambda n, p=precision: translate_rate(trees[n], work, ckpt, test, p),
+                            trees,
+                        )
+                        for name, sent in zip(trees, sents, strict=True):
+                            key = f"translate {precision} sent/s"
+                            results[name].setdefault(key, []).append(sent)
         finally:
             for tree in trees.values():
                 run(["git", "worktree", "remove", "--force", str(tree)], ROOT)
-    print(f"A = {args.rev_a}, B = {args.rev_b}; medians of {args.rounds} alternating rounds")
+    print(f"A = {args.rev_a}, B = {args.rev_b}; medians of {args.rounds} side-by-side rounds")
     for key in results["A"]:
         a, b = statistics.median(results["A"][key]), statistics.median(results["B"][key])
         print(f"{key:28s} A {a:10.1f}  B {b:10.1f}  B/A {b / a:5.2f}")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nmt_cli.core.attention import AttentionBackend
+from nmt_cli.core.attention_kernels import AttentionBackend
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.flops import train_flops
 from nmt_cli.core.objective import TrainingObjective

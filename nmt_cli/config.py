@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from nmt_cli.core.attention import ATTENTION_BACKENDS, AttentionBackend
-from nmt_cli.core.transformer import ModelConfig
+from nmt_cli.core.attention_kernels import ATTENTION_BACKENDS, AttentionBackend
+from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.settings import SettingError, above, at_least, below, fraction, one_of
 from nmt_cli.errors import NmtError
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -27,6 +28,18 @@ Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 class ConfigError(NmtError):
     """A recipe or override that names an unknown key or holds a value of the wrong type."""
+
+
+class OverrideError(ConfigError):
+    """The bad key or value came from a `--set` on the command line: a usage error."""
+
+    exit_code = 2
+
+
+def _config_error(where: str, message: str) -> ConfigError:
+    """`where: message`, as a usage error when `where` is a --set."""
+    cls = OverrideError if where.startswith("--set") else ConfigError
+    return cls(f"{where}: {message}")
 
 
 @dataclass(frozen=True)
@@ -50,17 +63,15 @@ class DataConfig:
     valid_split: str = ""  # which dev file when a directory has several
     sample_max_pairs: bool = False  # max_pairs takes a seeded sample, not the first pairs
     on_bad_utf8: str = "error"  # or "replace": go on and count the damaged lines
-    cache_dir: str = ""  # the datasets cache for presets; empty = the library's default
+    cache_dir: str = ""  # download cache of presets; empty = ~/.cache (datasets: its own)
 
     def __post_init__(self) -> None:
-        if self.on_bad_utf8 not in ("error", "replace"):
-            raise ValueError(
-                f"data.on_bad_utf8 must be 'error' or 'replace', got {self.on_bad_utf8!r}"
-            )
-        if self.vocab_size < 8:
-            raise ValueError(f"data.vocab_size must be at least 8, got {self.vocab_size}")
-        if self.max_len_ratio < 1.0:
-            raise ValueError(f"data.max_len_ratio must be >= 1, got {self.max_len_ratio}")
+        one_of("data", self, "on_bad_utf8", ("error", "replace"))
+        at_least("data", self, 8, "vocab_size")
+        at_least("data", self, 0, "max_len", "max_pairs", "seed")
+        below("data", self, 2**32, "seed")  # numpy's and SentencePiece's seed range
+        if self.max_len_ratio != 0:  # 0 = no ratio filter, as `nmt prepare --max-len-ratio 0`
+            at_least("data", self, 1, "max_len_ratio")
 
 
 @dataclass(frozen=True)
@@ -91,30 +102,37 @@ class TrainConfig:
     seed: int = 1
     log_interval_steps: int = 50
     validate_bleu_sentences: int = 0  # greedy BLEU on the first M dev sentences; 0 = off
-    tensorboard: bool = False
+    # TensorBoard logs (scalars, attention images) into <run>/tensorboard: "auto" when
+    # tensorboard is installed, true to be warned when it is not, false never.
+    tensorboard: bool | Literal["auto"] = "auto"
     threads: int = 0  # 0 = all cores
     # torch.compile of the model: "auto" = on GPUs (where it pays), off on CPUs.
     compile: bool | Literal["auto"] = "auto"
     # SDPA kernels on GPUs: "auto" = flash / memory-efficient, never cuDNN's per-shape
-    # graphs; "flash", "efficient", "cudnn" or "math" to prefer one (core/attention.py).
+    # graphs; "flash", "efficient", "cudnn" or "math" to prefer one (core/attention_kernels.py).
     attention_backend: AttentionBackend = "auto"
 
     def __post_init__(self) -> None:
         if self.compile not in (True, False, "auto"):
-            raise ValueError(f"train.compile must be true, false or 'auto', got {self.compile!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(
-                f"train.attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
-                f"got {self.attention_backend!r}"
+            raise SettingError(
+                "train.compile", f"must be true, false or 'auto', got {self.compile!r}"
             )
-        if self.batch_tokens < 1:
-            raise ValueError(f"train.batch_tokens must be positive, got {self.batch_tokens}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"train.label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if self.warmup_steps < 1:
-            raise ValueError(f"train.warmup_steps must be at least 1, got {self.warmup_steps}")
-        if self.keep_last < 1:
-            raise ValueError(f"train.keep_last must be at least 1, got {self.keep_last}")
+        one_of("train", self, "attention_backend", ATTENTION_BACKENDS)
+        at_least("train", self, 1, "batch_tokens", "warmup_steps", "keep_last")
+        fraction("train", self, "label_smoothing", "adam_beta1", "adam_beta2")
+        above("train", self, 0, "lr_scale", "adam_eps")
+        # 0 means "no limit" (or "off") for each of these
+        at_least("train", self, 0, "max_tokens", "clip_norm", "max_steps", "max_epochs")
+        at_least("train", self, 0, "max_time_minutes", "save_interval_minutes")
+        at_least("train", self, 0, "save_interval_steps", "log_interval_steps", "threads")
+        at_least("train", self, 0, "validate_bleu_sentences", "seed")
+        below("train", self, 2**32, "seed")
+
+
+LENGTH_PENALTY_HELP = (
+    "GNMT length penalty: score(Y) = log P(Y|X) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, "
+    "|Y| counting the end-of-sentence token"
+)
 
 
 @dataclass(frozen=True)
@@ -136,22 +154,13 @@ class DecodeConfig:
     buffer_lines: int = 2000  # read-ahead: lines sorted by length together, memory bound
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError(f"decode.beam_size must be at least 1, got {self.beam_size}")
-        if not 1 <= self.nbest <= self.beam_size:
-            raise ValueError(
-                f"decode.nbest must be between 1 and the beam size ({self.beam_size}), "
-                f"got {self.nbest}"
-            )
-        if self.batch_sentences < 1 or self.batch_tokens < 0 or self.buffer_lines < 1:
-            raise ValueError(
-                "decode.batch_sentences and decode.buffer_lines must be at least 1 and "
-                "decode.batch_tokens at least 0"
-            )
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise ValueError("decode.max_len_a and decode.max_len_b must not be negative")
-        if self.average_last < 1:
-            raise ValueError(f"decode.average_last must be at least 1, got {self.average_last}")
+        at_least("decode", self, 1, "beam_size", "batch_sentences", "buffer_lines")
+        at_least("decode", self, 1, "average_last", "nbest")
+        at_least("decode", self, 0, "length_penalty", "max_len_a", "max_len_b")
+        at_least("decode", self, 0, "batch_tokens", "threads", "workers")
+        if self.nbest > self.beam_size:
+            limit = f"must not exceed the beam size ({self.beam_size})"
+            raise SettingError("decode.nbest", f"{limit}, got {self.nbest}")
 
 
 @dataclass(frozen=True)
@@ -182,58 +191,112 @@ class RecipeConfig:
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
-    """Read a recipe file, apply its includes and the `--set` overrides, and validate."""
+    """Read a recipe file, apply its includes and the `--set` overrides, and validate.
+
+    An error names where the bad value came from: the recipe file, or the `--set` that
+    gave it (a typo on the command line is not the recipe's fault).
+    """
     raw = _read_with_includes(Path(path), seen=())
+    origins: dict[str, str] = {}
     for item in overrides or []:
-        apply_override(raw, item)
-    return recipe_from_dict(raw, source=str(path))
+        origins[apply_override(raw, item)] = f"--set {item}"
+    return recipe_from_dict(raw, source=str(path), origins=origins)
 
 
-def recipe_from_dict(raw: dict[str, Any], source: str = "recipe") -> RecipeConfig:
+@dataclass(frozen=True)
+class _Blame:
+    """Who is responsible for a key: the `--set` that gave it (or a section above it),
+    otherwise the recipe file."""
+
+    source: str
+    origins: dict[str, str]
+
+    def __call__(self, key: str) -> str:
+        parts = key.split(".")
+        for n in range(len(parts), 0, -1):
+            origin = self.origins.get(".".join(parts[:n]))
+            if origin is not None:
+                return origin
+        return self.source
+
+
+def recipe_from_dict(
+    raw: dict[str, Any], source: str = "recipe", origins: dict[str, str] | None = None
+) -> RecipeConfig:
+    blame = _Blame(source, origins or {})
     try:
-        return _build(RecipeConfig, raw, prefix="", source=source)
-    except ValueError as exc:  # a __post_init__ invariant
+        return _build(RecipeConfig, raw, prefix="", blame=blame)
+    except SettingError as exc:  # a range check, which names its key
+        raise _config_error(blame(exc.key), str(exc)) from None
+    except ValueError as exc:  # another __post_init__ invariant
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """`section.key=value`: the value is parsed as TOML, or kept as a bare string."""
+def apply_override(raw: dict[str, Any], item: str) -> str:
+    """`section.key=value`: the value is parsed as TOML, or kept as a bare string.
+    Returns the dotted key."""
     key, sep, text = item.partition("=")
     key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    parts = key.split(".")
+    if not sep or not key or not all(p.strip() for p in parts):
+        raise OverrideError(f"--set {item!r}: expected section.key=value, e.g. train.max_steps=100")
     try:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = text.strip()
     node = raw
-    parts = key.split(".")
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: {part} is a value, not a section")
+            raise OverrideError(f"--set {item}: {part} is a value, not a section")
         node = child
     node[parts[-1]] = value
+    return key
 
 
 def _read_with_includes(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     path = path.resolve()
     if path in seen:
         raise ConfigError(f"{path.name}: include cycle through {', '.join(p.name for p in seen)}")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such recipe file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    raw = _parse_recipe_file(path, included_from=seen[-1] if seen else None)
     includes = raw.pop("include", [])
     if isinstance(includes, str):
         includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ConfigError(
+            f"{path}: include must be a file name or a list of file names, "
+            f'e.g. include = "base.toml"; got {includes!r}'
+        )
     merged: dict[str, Any] = {}
     for inc in includes:
         _deep_merge(merged, _read_with_includes(path.parent / inc, (*seen, path)))
     _deep_merge(merged, raw)
     return merged
+
+
+def _parse_recipe_file(path: Path, included_from: Path | None) -> dict[str, Any]:
+    """The TOML table of one recipe file; every way the file can be unusable is one line."""
+    by = f" (included from {included_from})" if included_from else ""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a recipe file{by}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such recipe file{by}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror}){by}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x}); "
+            "a recipe is a UTF-8 TOML file"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> None:
@@ -244,10 +307,10 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> None:
             base[key] = value
 
 
-def _build(cls: type[Any], raw: Any, prefix: str, source: str) -> Any:
+def _build(cls: type[Any], raw: Any, prefix: str, blame: _Blame) -> Any:
     where = prefix.rstrip(".") or "the recipe"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: {where} must be a table of settings")
+        raise _config_error(blame(where), f"{where} must be a table of settings")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
@@ -256,12 +319,14 @@ def _build(cls: type[Any], raw: Any, prefix: str, source: str) -> Any:
             near = difflib.get_close_matches(key, list(fields), n=1)
             hint = f"; did you mean {prefix}{near[0]}?" if near else ""
             valid = ", ".join(sorted(fields))
-            raise ConfigError(f"{source}: unknown key {prefix}{key}{hint} (valid: {valid})")
+            raise _config_error(
+                blame(prefix + key), f"unknown key {prefix}{key}{hint} (valid: {valid})"
+            )
         hint_type = hints[key]
         if isinstance(hint_type, type) and dataclasses.is_dataclass(hint_type):
-            kwargs[key] = _build(hint_type, value, f"{prefix}{key}.", source)
+            kwargs[key] = _build(hint_type, value, f"{prefix}{key}.", blame)
         else:
-            kwargs[key] = _check_value(value, hint_type, f"{prefix}{key}", source)
+            kwargs[key] = _check_value(value, hint_type, f"{prefix}{key}", blame(prefix + key))
     return cls(**kwargs)
 
 
@@ -287,7 +352,7 @@ def _check_value(value: Any, hint: Any, key: str, source: str) -> Any:
         allowed = typing.get_args(hint)
         if value in allowed:
             return value
-        raise ConfigError(f"{source}: {key} must be one of {', '.join(map(repr, allowed))}")
+        raise _config_error(source, f"{key} must be one of {', '.join(map(repr, allowed))}")
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(hint):
             if option is type(None) and value is None:
@@ -296,12 +361,12 @@ def _check_value(value: Any, hint: Any, key: str, source: str) -> Any:
                 return _check_value(value, option, key, source)
             except ConfigError:
                 continue
-        raise ConfigError(f"{source}: {key} must be {_describe(hint)}, got {value!r}")
+        raise _config_error(source, f"{key} must be {_describe(hint)}, got {value!r}")
     expected = _EXPECTED
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is int and isinstance(value, bool):
-        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+        raise _config_error(source, f"{key} must be an integer, got {value!r}")
     if isinstance(hint, type) and isinstance(value, hint):
         return value
-    raise ConfigError(f"{source}: {key} must be {expected.get(hint, str(hint))}, got {value!r}")
+    raise _config_error(source, f"{key} must be {expected.get(hint, str(hint))}, got {value!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -10,6 +11,16 @@ import torch
 from nmt_cli.core.transformer import ModelConfig, Transformer
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Decoding tiny models is thousands of tiny operations: one thread is fastest, and on
+    a busy 2-core machine two threads per operation can be 10-100x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -3,24 +3,38 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+from rich import box
+from rich.markup import escape
 from rich.table import Table
 
-from nmt_cli.commands.common import err_console, user_errors
-from nmt_cli.commands.prepare_progress import StageProgress
-from nmt_cli.engines.prepare import PrepareConfig, PrepareResult, list_presets, prepare
-from nmt_cli.errors import NmtError
+from nmt_cli.commands.common import (
+    Verbosity,
+    err_console,
+    on_bad_utf8_option,
+    out_console,
+    quiet_option,
+    user_errors,
+    verbose_option,
+    warn,
+)
+from nmt_cli.errors import UsageError
+from nmt_cli.outputs import check_output_dir
+
+if TYPE_CHECKING:  # the engine loads numpy and sentencepiece: only when the command runs
+    from nmt_cli.engines.prepare import PrepareResult
 
 
 def prepare_command(
-    corpus: str = typer.Argument("", help="A preset: demo, wmt14-en-de, ... (see --list)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Data directory to write."),
-    source: str = typer.Option(
-        "", "--from", help="Directory of text, Parquet/JSON or a saved dataset."
+    corpus: str = typer.Argument(
+        "", metavar="[PRESET]", help="demo, multi30k-en-de, wmt14-en-de, ... (--list)."
     ),
-    src: str = typer.Option("", "--src", help="Source language code (e.g. en)."),
-    tgt: str = typer.Option("", "--tgt", help="Target language code (e.g. de)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Data directory to write."),
+    source: str = typer.Option("", "--from", help="Text, Parquet/JSON or saved-dataset directory."),
+    src: str = typer.Option("", "--src", help="Source language code, e.g. en."),
+    tgt: str = typer.Option("", "--tgt", help="Target language code, e.g. de."),
     train_src: str = typer.Option("", "--train-src", help="Explicit training source file."),
     train_tgt: str = typer.Option("", "--train-tgt", help="Explicit training target file."),
     valid_src: str = typer.Option("", "--valid-src", help="Explicit dev source file."),
@@ -28,49 +42,71 @@ def prepare_command(
     test_src: str = typer.Option("", "--test-src", help="Explicit test source file."),
     test_tgt: str = typer.Option("", "--test-tgt", help="Explicit test target file."),
     vocab_size: int = typer.Option(
-        0, "--vocab-size", help="BPE size; 0 = the preset's (8000 for local data)."
+        0,
+        "--vocab-size",
+        help="BPE size; default 0: the preset's, 8000 local.",
+        show_default=False,
     ),
     joint_vocab: bool = typer.Option(
-        True, "--joint-vocab/--separate-vocab", help="One BPE model for both sides."
+        True,
+        "--joint-vocab/--separate-vocab",
+        help="One BPE model for both sides (default).",
+        show_default=False,
     ),
-    max_len: int = typer.Option(
-        250, "--max-len", help="Drop training pairs with a side over N words (0 = off)."
-    ),
-    max_len_ratio: float = typer.Option(
-        1.5, "--max-len-ratio", help="Drop pairs whose word-count ratio exceeds R (0 = off)."
+    max_len: int = typer.Option(250, "--max-len", help="Longest side, words; 0 = off."),
+    max_len_ratio: float | None = typer.Option(
+        None,
+        "--max-len-ratio",
+        help="Highest word ratio; 0 = off. 1.5, Multi30k 9.",
+        show_default=False,
     ),
     dedup: bool = typer.Option(
-        False, "--dedup", help="Drop repeated training pairs (16 bytes of memory per pair)."
+        False, "--dedup", help="Drop repeated training pairs (16 B a pair)."
     ),
     normalize: bool = typer.Option(
         False, "--normalize-punctuation", help="Moses punctuation normalization (sacremoses)."
     ),
-    max_pairs: int = typer.Option(0, "--max-pairs", help="Use only N training pairs (0 = all)."),
-    sample: bool = typer.Option(
-        False, "--sample", help="With --max-pairs: a seeded sample, not the first N."
-    ),
+    max_pairs: int = typer.Option(0, "--max-pairs", help="Only N training pairs; 0 = all."),
+    sample: bool = typer.Option(False, "--sample", help="With --max-pairs: a seeded sample of N."),
     valid_split: str = typer.Option(
         "", "--valid-split", help="Which dev set when there are several."
     ),
     test_split: str = typer.Option(
         "", "--test-split", help="Which test set, e.g. test_2016_flickr."
     ),
-    seed: int = typer.Option(1, "--seed", help="Seed of every sample prepare takes."),
-    on_bad_utf8: str = typer.Option("error", "--on-bad-utf8", help="error | replace (and count)."),
+    seed: int = typer.Option(1, "--seed", help="Seed of prepare's samples."),
+    on_bad_utf8: str = on_bad_utf8_option(),
     vocab_sample_lines: int = typer.Option(
-        1_000_000, "--vocab-sample-lines", help="Lines SentencePiece trains on, at most."
+        1_000_000,
+        "--vocab-sample-lines",
+        help="Lines SentencePiece learns from; 1,000,000.",
+        show_default=False,
     ),
-    cache_dir: str = typer.Option("", "--cache-dir", help="datasets cache directory for presets."),
-    workers: int = typer.Option(0, "--workers", help="Encoding processes (0 = one per core)."),
+    cache_dir: str = typer.Option("", "--cache-dir", help="Download cache for presets."),
+    workers: int = typer.Option(0, "--workers", help="Encoding processes; 0: all CPUs."),
     force: bool = typer.Option(False, "--force", help="Redo every stage, even finished ones."),
     list_: bool = typer.Option(False, "--list", help="List the presets and exit."),
+    quiet: bool = quiet_option(),
+    verbose: bool = verbose_option(),
 ) -> None:
-    """Clean a corpus, train a SentencePiece BPE vocabulary and binarize it for training.
+    """Clean a corpus, learn a BPE vocabulary, binarize it.
 
-    Rerunning skips finished stages; --force redoes them. Examples: `nmt prepare demo`,
-    `nmt prepare --from ../shared/data/multi30k --src en --tgt de --out data/m30k-en-de`.
+    The data directory this writes is what `nmt train` reads (the recipe's data.dir).
+    Rerunning skips finished stages; --force redoes them. One prepare at a time may
+    write a data directory. Examples:
+
+    \b
+      nmt prepare demo
+      nmt prepare multi30k-en-de                  # downloads, checks SHA-256
+      nmt prepare multi30k-en-de --from DIR       # the same files, offline
+      nmt prepare --from DIR --src en --tgt de --out data/mine
     """  # fmt: skip
-    with user_errors():
+    from nmt_cli.commands.prepare_progress import StageProgress
+    from nmt_cli.engines.prepare import PrepareConfig, prepare
+    from nmt_cli.engines.prepare.presets import default_max_len_ratio
+
+    verbosity = Verbosity(quiet, verbose)
+    with user_errors(verbose):
         if list_:
             _print_presets()
             return
@@ -85,10 +121,13 @@ def prepare_command(
         ]
         for split, a, b in files:
             if not (a and b):
-                raise NmtError(f"--{split}-src and --{split}-tgt go together; give both")
+                raise UsageError(f"--{split}-src and --{split}-tgt go together; give both")
         if out is None:
             name = corpus or (f"{Path(source).name}-{src}-{tgt}" if source else f"{src}-{tgt}")
             out = Path("data") / name
+        check_output_dir(out)
+        if max_len_ratio is None:
+            max_len_ratio = default_max_len_ratio(corpus)
         cfg = PrepareConfig(
             out=str(out), preset=corpus, source=source, files=tuple(files), src=src, tgt=tgt,
             vocab_size=vocab_size, joint_vocab=joint_vocab, max_len=max_len,
@@ -98,23 +137,33 @@ def prepare_command(
             vocab_sample_lines=vocab_sample_lines, cache_dir=cache_dir, workers=workers,
             force=force,
         )  # fmt: skip
-        with StageProgress(err_console) as progress:
+        with StageProgress(err_console, enabled=not verbosity.quiet) as progress:
             result = prepare(cfg, progress)
-        _print_summary(result)
+        if not verbosity.quiet:
+            _print_summary(result)
+        replaced = result.manifest["cleaning"]["bad_utf8_replaced"]
+        if replaced and not result.up_to_date:
+            warn(f"{replaced:,} line(s) with invalid UTF-8 or NUL bytes had them replaced")
         typer.echo(str(result.out))
 
 
 def _print_presets() -> None:
-    table = Table(title="nmt prepare presets")
+    """The list is the command's result: on stdout, one row per preset, then the notes."""
+    from nmt_cli.engines.prepare import list_presets
+
+    table = Table(title="nmt prepare presets", box=box.SIMPLE_HEAD, pad_edge=False)
     rows = list_presets()
-    columns = [c for c in rows[0] if c != "note"]
+    columns = [c for c in rows[0] if c not in ("note", "source")]
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, no_wrap=True)
     for row in rows:
         table.add_row(*(row[c] for c in columns))
-    err_console.print(table)
+    out_console.print(table)
     for row in rows:
-        err_console.print(f"[bold]{row['name']}[/]: {row['note']}", highlight=False)
+        out_console.print(
+            f"[bold]{row['name']}[/] ({escape(row['source'])}): {escape(row['note'])}",
+            highlight=False,
+        )
 
 
 def _print_summary(result: PrepareResult) -> None:
@@ -147,5 +196,3 @@ def _print_summary(result: PrepareResult) -> None:
     err_console.print(
         f"train: read {cleaning['read']:,}, kept {cleaning['kept']:,}; dropped: {dropped}"
     )
-    if m["cleaning"]["bad_utf8_replaced"]:
-        err_console.print(f"lines with bad UTF-8 replaced: {m['cleaning']['bad_utf8_replaced']:,}")

@@ -5,32 +5,19 @@ from __future__ import annotations
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 
+from nmt_cli.commands.progress import bars
 from nmt_cli.engines.prepare import StageEvent
 
 
 class StageProgress:
     """One bar per stage step ("clean train", "binarize valid", ...), driven by events."""
 
-    def __init__(self, console: Console) -> None:
-        self._progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description:<24}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
+    def __init__(self, console: Console, enabled: bool = True) -> None:
+        """`enabled` False (--quiet): the events are taken and nothing is shown."""
+        self.enabled = enabled
+        self._progress = bars(console, 24, transient=False, enabled=enabled)
         self._tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> StageProgress:
@@ -46,6 +33,8 @@ class StageProgress:
         self._progress.__exit__(exc_type, exc, tb)
 
     def __call__(self, event: StageEvent) -> None:
+        if not self.enabled:
+            return
         if event.kind == "skip":
             self._progress.console.print(f"[dim]{event.label}[/]")
         elif event.kind == "start":

@@ -3,39 +3,66 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from nmt_cli.commands.common import SET_HELP, err_console, recipe_from_cli, user_errors
-from nmt_cli.commands.prepare_progress import StageProgress
-from nmt_cli.commands.train_display import TrainDisplay, duration
-from nmt_cli.engines.run import STAGES, RunHooks, RunOptions, RunResult, StageNotice, run_recipe
+from nmt_cli.commands.common import (
+    SET_HELP,
+    Verbosity,
+    err_console,
+    quiet_option,
+    recipe_from_cli,
+    user_errors,
+    verbose_option,
+    warn,
+)
+from nmt_cli.errors import UsageError
 
-_STAGE_HELP = f"One of {', '.join(STAGES)}."
+if TYPE_CHECKING:  # the engine imports torch: only when the command runs
+    from nmt_cli.engines.run import RunResult
 
 
 def run(
-    recipe: Path = typer.Argument(..., help="Recipe TOML file, e.g. recipes/demo.toml."),
-    from_stage: str = typer.Option("prepare", "--from", help=f"First stage to run. {_STAGE_HELP}"),
-    until: str = typer.Option("score", "--until", help=f"Last stage to run. {_STAGE_HELP}"),
+    recipe: Path = typer.Argument(
+        ..., metavar="RECIPE", help="Recipe TOML file, e.g. recipes/demo.toml."
+    ),
+    from_stage: str = typer.Option("prepare", "--from", help="First stage to run."),
+    until: str = typer.Option("score", "--until", help="Last stage to run."),
     gpus: int = typer.Option(0, "--gpus", help="GPUs to train on; 0 = the CPU."),
     procs: int = typer.Option(1, "--procs", help="CPU processes (gloo) when --gpus is 0."),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=SET_HELP),
+    quiet: bool = quiet_option(),
+    verbose: bool = verbose_option(),
 ) -> None:
-    """Run a whole experiment: prepare -> train -> average -> translate -> score.
+    """Run a whole recipe, resumably: prepare to score.
+
+    The stages: prepare -> train -> average -> translate -> score.
 
     Each stage whose output is already complete is skipped, so rerunning after any
     interruption continues where it stopped. Ends with a table in the shape of the
-    paper's Table 2 and writes results.json into the run directory.
+    paper's Table 2 and writes results.json into the run directory. Training stopped
+    by Ctrl-C or SIGTERM exits with 130 or 143 and skips the later stages.
     """
-    with user_errors():
-        cfg = recipe_from_cli(str(recipe), set_)
+    from nmt_cli.commands.prepare_progress import StageProgress
+    from nmt_cli.commands.train_display import TrainDisplay
+    from nmt_cli.engines.run import RunHooks, RunOptions, StageNotice, run_recipe
+
+    verbosity = Verbosity(quiet, verbose)
+    with user_errors(verbose):
+        for flag, value in (("--gpus", gpus), ("--procs", procs)):
+            if value < 0:
+                raise UsageError(f"{flag} must not be negative, got {value}")
         options = RunOptions(from_stage=from_stage, until_stage=until, gpus=gpus, procs=procs)
-        display = TrainDisplay(err_console)
-        progress = StageProgress(err_console)
+        cfg = recipe_from_cli(str(recipe), set_)
+        display = TrainDisplay(err_console, quiet=verbosity.quiet)
+        progress = StageProgress(err_console, enabled=not verbosity.quiet)
 
         def on_stage(notice: StageNotice) -> None:
+            if verbosity.quiet:
+                return
             # The prepare bars live only while prepare runs, so later output follows them.
             if notice.status == "start":
                 err_console.rule(f"[bold]{notice.stage}")
@@ -44,7 +71,8 @@ def run(
             elif notice.status == "done" and notice.stage == "prepare":
                 progress.__exit__(None, None, None)
             if notice.status != "start" and notice.detail:
-                err_console.print(f"[dim]{notice.stage}: {notice.detail}[/]", highlight=False)
+                detail = escape(notice.detail)
+                err_console.print(f"[dim]{notice.stage}: {detail}[/]", highlight=False)
 
         hooks = RunHooks(stage=on_stage, prepare=progress, train=display)
         try:
@@ -52,15 +80,21 @@ def run(
         finally:
             display.close()
         if result.systems:
-            err_console.print(results_table(result))
+            if not verbosity.quiet:
+                err_console.print(results_table(result))
+            for text in result.warnings():
+                warn(text)
             typer.echo(f"{result.run_dir}/results.json")
 
 
 def results_table(result: RunResult) -> Table:
+    from nmt_cli.commands.train_display import duration
+
     """The paper's Table 2 shape: one row per system, both BLEU flavours side by side."""
     pair = f"{result.src.upper()}-{result.tgt.upper()}"
     table = Table(title=f"{result.recipe}: {pair} test set", caption=_caption(result))
-    for column in ("model", "sacreBLEU", "BLEU (tokenized)", "chrF2", "steps", "time", "params"):
+    columns = ("model", "sacreBLEU", "BLEU (tokenized)", "chrF2", "steps", "time", "params")
+    for column in (*columns, "FLOPs"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for s in result.systems:
         table.add_row(
@@ -71,6 +105,7 @@ def results_table(result: RunResult) -> Table:
             f"{result.steps:,}",
             duration(result.train_seconds),
             f"{result.parameters / 1e6:.1f}M",
+            f"{result.train_flops:.1e}",
         )
     return table
 
@@ -80,4 +115,8 @@ def _caption(result: RunResult) -> str:
     lines = [f"sacreBLEU: {first.bleu_signature}"]
     if first.paper_bleu_signature:
         lines.append(f"tokenized (the paper's way, not comparable): {first.paper_bleu_signature}")
+    lines.append(
+        "FLOPs: matrix products of every update, forward + backward, counted; the paper's "
+        f"Table 2 way (time x devices x measured matmul rate): {result.device_flops:.1e}"
+    )
     return "\n".join(lines)

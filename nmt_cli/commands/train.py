@@ -3,60 +3,90 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from nmt_cli.commands.common import SET_HELP, err_console, recipe_from_cli, user_errors
-from nmt_cli.commands.train_display import TrainDisplay, summary_table
+from nmt_cli.commands.common import (
+    SET_HELP,
+    Verbosity,
+    err_console,
+    quiet_option,
+    recipe_from_cli,
+    user_errors,
+    verbose_option,
+)
 from nmt_cli.config import RecipeConfig
-from nmt_cli.engines.summary import summarize_model
-from nmt_cli.engines.train import TrainOptions
-from nmt_cli.engines.train import train as run_training
+from nmt_cli.errors import Interrupted, UsageError
 
 
 def train(
-    recipe: Path = typer.Argument(..., help="Recipe TOML file, e.g. recipes/base.toml."),
-    gpus: int = typer.Option(
-        0, "--gpus", help="GPUs to train on, one process each (DDP over NCCL); 0 = the CPU."
+    recipe: Path = typer.Argument(
+        ..., metavar="RECIPE", help="Recipe TOML file, e.g. recipes/base.toml."
     ),
-    procs: int = typer.Option(1, "--procs", help="CPU processes (DDP over gloo) when --gpus is 0."),
+    gpus: int = typer.Option(0, "--gpus", help="GPUs, one DDP process each; 0 = the CPU."),
+    procs: int = typer.Option(1, "--procs", help="CPU processes (gloo) when --gpus is 0."),
     run_dir: str | None = typer.Option(
-        None, "--run-dir", help="Run directory (default: the recipe's train.run_dir)."
+        None, "--run-dir", help="Run directory; default: the recipe's train.run_dir."
     ),
-    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=SET_HELP),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Build the model and print a summary; touch no data."
+        False, "--dry-run", help="Build the model, print a summary; touch no data."
     ),
     vocab_size: int | None = typer.Option(
-        None, "--vocab-size", help="Vocabulary size for --dry-run without a data directory."
+        None, "--vocab-size", help="Vocabulary size for --dry-run without data."
     ),
+    quiet: bool = quiet_option(),
+    verbose: bool = verbose_option(),
 ) -> None:
-    """Train the recipe's model on its prepared data directory (data.dir).
+    """Train the recipe's model on its data directory.
+
+    The data directory is the recipe's data.dir, written by `nmt prepare`.
 
     Rerunning the same command on a run directory resumes from checkpoints/last.pt.
-    Ctrl-C (SIGINT) or SIGTERM saves and stops cleanly. Under torchrun, RANK/WORLD_SIZE/
-    LOCAL_RANK/MASTER_ADDR/MASTER_PORT are read from the environment.
+    Ctrl-C (SIGINT) or SIGTERM saves checkpoints/last.pt and exits with 130 or 143, so
+    `nmt train ... && nmt average-checkpoints ...` stops there. Under torchrun, RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT come from the environment.
     """
-    with user_errors():
+    from nmt_cli.commands.train_display import TrainDisplay, summary_table
+    from nmt_cli.engines.train import TrainOptions
+    from nmt_cli.engines.train import train as run_training
+
+    verbosity = Verbosity(quiet, verbose)
+    with user_errors(verbose):
+        for flag, value in (("--gpus", gpus), ("--procs", procs)):
+            if value < 0:
+                raise UsageError(f"{flag} must not be negative, got {value}")
+        if vocab_size is not None and vocab_size < 8:
+            raise UsageError(f"--vocab-size must be at least 8, got {vocab_size}")
         cfg = recipe_from_cli(str(recipe), set_)
         if dry_run:
             _dry_run(cfg, vocab_size or cfg.data.vocab_size)
             return
-        display = TrainDisplay(err_console)
+        display = TrainDisplay(err_console, quiet=verbosity.quiet)
         try:
             result = run_training(
                 cfg, TrainOptions(run_dir=run_dir, gpus=gpus, procs=procs), on_event=display
             )
         finally:
             display.close()
-        if result.rank == 0:
+        if result.rank == 0 and not verbosity.quiet:
             err_console.print(summary_table(result))
+        if result.stopped_by == "signal":  # not finished: no checkpoint path on stdout
+            raise Interrupted(
+                f"training stopped by signal {result.signal} at step {result.steps:,} after "
+                "saving checkpoints/last.pt; rerun the same command to continue",
+                result.signal or signal.SIGINT,
+            )
+        if result.rank == 0:
             typer.echo(str(result.last_checkpoint or result.run_dir / "checkpoints" / "last.pt"))
 
 
 def _dry_run(cfg: RecipeConfig, size: int) -> None:
+    from nmt_cli.engines.summary import summarize_model
+
     summary = summarize_model(cfg, size)
     table = Table(title=f"{cfg.name}: model summary (vocabulary {size:,}, shared)")
     table.add_column("component")

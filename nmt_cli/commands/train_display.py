@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
@@ -32,19 +33,25 @@ def _real_tokens(updates: list[tuple[int, int]]) -> str:
 class TrainDisplay:
     """Consumes the engine's events (rank 0 only); all output goes to `console` (stderr)."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, quiet: bool = False) -> None:
+        """`quiet`: warnings only, no banner, progress or checkpoint lines (train.log in
+        the run directory has them all)."""
         self.console = console
+        self.quiet = quiet
         self.progress = Progress(
             TextColumn("[bold]train[/]"),
             BarColumn(bar_width=24),
             TextColumn("{task.fields[stats]}"),
             console=console,
             transient=True,
+            disable=quiet or not console.is_terminal,
         )
         self.task: TaskID | None = None
         self.root = ""
 
     def __call__(self, event: TrainEvent) -> None:
+        if self.quiet and not (isinstance(event, Notice) and event.warning):
+            return
         if isinstance(event, TrainStarted):
             self._started(event)
         elif isinstance(event, StepDone):
@@ -52,8 +59,14 @@ class TrainDisplay:
         elif isinstance(event, CheckpointSaved):
             self._checkpoint(event)
         elif isinstance(event, Notice):
-            style = "yellow" if event.warning else "cyan"
-            self.console.print(f"[{style}]{event.text}[/]", highlight=False, soft_wrap=True)
+            if event.warning:
+                self.console.print(
+                    f"[yellow]warning:[/] {escape(event.text)}", highlight=False, soft_wrap=True
+                )
+            else:
+                self.console.print(
+                    f"[cyan]{escape(event.text)}[/]", highlight=False, soft_wrap=True
+                )
 
     def _started(self, e: TrainStarted) -> None:
         self.root = str(e.run_dir)

@@ -3,121 +3,202 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-from collections.abc import Iterator
+import stat
 from pathlib import Path
-from typing import BinaryIO
 
 import typer
 
-from nmt_cli.commands.common import err_console, user_errors
-from nmt_cli.config import DecodeConfig, Precision
-from nmt_cli.core.files import atomic_path
-from nmt_cli.engines.translate import (
-    LENGTH_PENALTY_HELP,
-    Translation,
-    Translator,
-    format_translations,
-    read_chunks,
-    set_threads,
-    translate_stream,
+from nmt_cli.commands.common import (
+    Verbosity,
+    err_console,
+    info,
+    on_bad_utf8_option,
+    quiet_option,
+    user_errors,
+    verbose_option,
+    warn,
 )
-from nmt_cli.errors import NmtError
+from nmt_cli.commands.progress import CountProgress
+from nmt_cli.config import DecodeConfig, Precision
+from nmt_cli.core.settings import SettingError
+from nmt_cli.errors import UsageError
+from nmt_cli.outputs import check_output_path, open_output
+from nmt_cli.text_io import (
+    LineDecoder,
+    StreamDecoder,
+    check_readable,
+    display_name,
+    open_binary,
+    raw_lines,
+)
 
 _D = DecodeConfig()  # the defaults: the paper's decoding settings (section 6.1)
+# the recipe's decode.* keys as this command's flags, for messages about their values
+_FLAGS = {
+    "decode.beam_size": "--beam",
+    "decode.length_penalty": "--alpha",
+    "decode.max_len_a": "--max-len-a",
+    "decode.max_len_b": "--max-len-b",
+    "decode.nbest": "--nbest",
+    "decode.batch_sentences": "--batch-size",
+    "decode.batch_tokens": "--batch-tokens",
+    "decode.threads": "--threads",
+    "decode.workers": "--workers",
+}
 
 
 def translate(
     model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (.pt) to translate with."),
-    input: Path | None = typer.Option(None, "--input", "-i", help="Input file (default: stdin)."),
+    input: Path | None = typer.Option(
+        None, "--input", "-i", help="Text to translate; default or -: stdin."
+    ),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="Output file, written atomically (default: stdout)."
+        None, "--output", "-o", help="Output; default or -: stdout; .gz compresses."
     ),
     beam: int = typer.Option(_D.beam_size, "--beam", help="Beam size; 1 = greedy."),
-    alpha: float = typer.Option(_D.length_penalty, "--alpha", help=LENGTH_PENALTY_HELP + "."),
+    alpha: float = typer.Option(
+        _D.length_penalty, "--alpha", help="GNMT length penalty, see lp(Y) above."
+    ),
     max_len_a: float = typer.Option(
         _D.max_len_a, "--max-len-a", help="Max output = a * |src| + b."
     ),
     max_len_b: int = typer.Option(_D.max_len_b, "--max-len-b", help="See --max-len-a."),
     nbest: int = typer.Option(
-        _D.nbest, "--nbest", help="Print the K best as 'N ||| text ||| score'."
+        _D.nbest,
+        "--nbest",
+        help="K best a line: N ||| text ||| score ||| logprob",
+        show_default=False,
     ),
     batch_size: int = typer.Option(_D.batch_sentences, "--batch-size", help="Sentences per batch."),
     batch_tokens: int = typer.Option(
-        _D.batch_tokens, "--batch-tokens", help="Padded source tokens per batch; 0 = no limit."
+        _D.batch_tokens,
+        "--batch-tokens",
+        help="Padded source tokens a batch; default 0: any.",
+        show_default=False,
     ),
     precision: str = typer.Option(_D.precision, "--precision", help="fp32, bf16, fp16 or auto."),
     device: str = typer.Option(_D.device, "--device", help="cpu, cuda, cuda:N or auto."),
-    threads: int = typer.Option(_D.threads, "--threads", help="CPU threads; 0 = all cores."),
+    threads: int = typer.Option(_D.threads, "--threads", help="CPU threads; 0 = all usable."),
     workers: int = typer.Option(
-        _D.workers, "--workers", help="Batches decoded at once on CPU; 0 = one per thread."
+        _D.workers,
+        "--workers",
+        help="Batches at once on CPU; default 0: one a thread.",
+        show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines with scores and timing."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary on stderr."),
+    alignment: bool = typer.Option(
+        False, "--alignment", help="Add Moses 'i-j' word alignments (see below)."
+    ),
+    alignment_layer: int = typer.Option(
+        0,
+        "--alignment-layer",
+        help="Decoder layer aligning; default 0: the penultimate.",
+        show_default=False,
+    ),
+    on_bad_utf8: str = on_bad_utf8_option(),
+    quiet: bool = quiet_option(),
+    verbose: bool = verbose_option(),
 ) -> None:
-    """Translate raw text with beam search (the paper: beam 4, alpha 0.6, max |src| + 50).
+    """Translate raw text with beam search.
 
-    One output line per input line, always; an empty line gives an empty line.
+    The paper's settings are the defaults: beam 4, alpha 0.6, at most |src| + 50
+    tokens. One output line per input line, always; an empty line gives an empty
+    line. Compressed input (gzip, xz, bzip2) is recognised by its content; a
+    regular output file is replaced only when all its lines are written.
+
+    \b
+    Hypotheses are ranked by the GNMT length penalty (--alpha):
+      score(Y) = log P(Y|X) / lp(Y),  lp(Y) = ((5 + |Y|) / 6) ** alpha
+    with |Y| counting the end-of-sentence token.
+
+    \b
+    --alignment adds each sentence's source-target word alignment, 0-based
+    word pairs from the cross-attention of one decoder layer averaged over
+    heads: 'text ||| 0-0 1-2', or an 'alignment' field in JSON. The
+    penultimate layer aligns best (Garg et al., 2019); --alignment-layer N
+    (1-based) picks another and implies --alignment.
     """
-    with user_errors():
-        if precision not in ("auto", "fp32", "bf16", "fp16"):
-            raise NmtError(f"--precision {precision!r}: use fp32, bf16, fp16 or auto")
-        try:
-            cfg = DecodeConfig(
-                beam_size=beam, length_penalty=alpha, max_len_a=max_len_a, max_len_b=max_len_b,
-                nbest=nbest, batch_sentences=batch_size, batch_tokens=batch_tokens,
-                precision=_precision(precision), device=device, threads=threads, workers=workers,
-            )  # fmt: skip
-        except ValueError as exc:
-            raise NmtError(str(exc).replace("decode.", "--")) from None
+    from nmt_cli.core.checkpoint import load_checkpoint
+    from nmt_cli.engines.attention_views import default_layer
+    from nmt_cli.engines.translate import (
+        Translation,
+        Translator,
+        format_translations,
+        read_chunks,
+        set_threads,
+        translate_stream,
+    )
+
+    verbosity = Verbosity(quiet, verbose)
+    with user_errors(verbose):
+        cfg = _decode_config(
+            beam_size=beam, length_penalty=alpha, max_len_a=max_len_a, max_len_b=max_len_b,
+            nbest=nbest, batch_sentences=batch_size, batch_tokens=batch_tokens,
+            precision=_precision(precision), device=device, threads=threads, workers=workers,
+        )  # fmt: skip
+        decoder = StreamDecoder(display_name(input or "-"), LineDecoder(on_bad_utf8))
+        if input is not None:
+            check_readable(input)
+        check_output_path(output, inputs=[model, input])
         n_threads, workers = set_threads(cfg.threads, cfg.workers)
-        translator = Translator.load(model, cfg, workers)
+        ckpt = load_checkpoint(model)
+        layer = None
+        alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
+        if alignment:
+            layer = alignment_layer or default_layer(ckpt.model_config.decoder_layers)
+        translator = Translator.from_checkpoint(ckpt, cfg, workers, layer)
+        total = _line_count(input) if verbosity.progress else None
         with contextlib.ExitStack() as stack:
-            source: BinaryIO = stack.enter_context(_open_input(input))
-            if output is None:
-                sink: BinaryIO = sys.stdout.buffer
-            else:
-                sink = stack.enter_context(open(stack.enter_context(atomic_path(output)), "wb"))
+            source = stack.enter_context(contextlib.closing(open_binary(input or "-")))
+            sink = stack.enter_context(open_output(output))
+            progress = stack.enter_context(
+                CountProgress(err_console, "translate", total, verbosity.progress)
+            )
 
             def emit(results: list[Translation], first: int, seconds: float) -> None:
-                sink.write(format_translations(results, first, seconds, cfg.nbest, as_json))
+                sink.write(
+                    format_translations(results, first, seconds, cfg.nbest, as_json, alignment)
+                )
                 sink.flush()
+                progress.advance(len(results))
 
-            try:
-                stats = translate_stream(translator, read_chunks(source, cfg.buffer_lines), emit)
-            except BrokenPipeError:  # `nmt translate ... | head`: the reader left, we stop
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-                raise typer.Exit(0) from None
+            chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
+            stats = translate_stream(translator, chunks, emit)
+        if decoder.decoder.replaced:
+            warn(decoder.decoder.warning())
         if stats.truncated:
             lines = ", ".join(map(str, stats.truncated_lines))
-            err_console.print(
-                f"[yellow]warning:[/] {stats.truncated} input line(s) longer than "
-                f"{translator.max_source} subword tokens were truncated (lines {lines}"
-                f"{', ...' if stats.truncated > len(stats.truncated_lines) else ''})",
-                soft_wrap=True,
+            warn(
+                f"{stats.truncated} input line(s) longer than {translator.max_source} subword "
+                f"tokens were truncated (lines {lines}"
+                f"{', ...' if stats.truncated > len(stats.truncated_lines) else ''})"
             )
-        if not quiet:
-            err_console.print(
-                f"translated {stats.lines:,} lines in {stats.seconds:.2f}s "
-                f"({stats.sentences_per_second:.1f} sent/s, {stats.tokens_per_second:.0f} tok/s; "
-                f"beam {cfg.beam_size}, {str(translator.dtype).removeprefix('torch.')}, "
-                f"{translator.device}, {n_threads} threads, {translator.workers} batches at once)",
-                highlight=False,
-                soft_wrap=True,
-            )
+        info(
+            f"translated {stats.lines:,} lines in {stats.seconds:.2f}s "
+            f"({stats.sentences_per_second:.1f} sent/s, {stats.tokens_per_second:.0f} tok/s; "
+            f"beam {cfg.beam_size}, {str(translator.dtype).removeprefix('torch.')}, "
+            f"{translator.device}, {n_threads} threads, {translator.workers} batches at once)",
+            verbosity,
+        )
+
+
+def _decode_config(**settings: object) -> DecodeConfig:
+    """The decoding settings, with a bad value reported under its flag (exit code 2)."""
+    if settings["precision"] not in ("auto", "fp32", "bf16", "fp16"):
+        raise UsageError(f"--precision {settings['precision']!r}: use fp32, bf16, fp16 or auto")
+    try:
+        return DecodeConfig(**settings)  # type: ignore[arg-type]
+    except SettingError as exc:
+        flag = _FLAGS.get(exc.key, exc.key)
+        raise UsageError(f"{flag}{str(exc).removeprefix(exc.key)}") from None
+
+
+def _line_count(path: Path | None) -> int | None:
+    """Lines of a regular input file, for the progress bar (a pipe can be read once only)."""
+    if path is None or str(path) == "-" or not stat.S_ISREG(path.stat().st_mode):
+        return None
+    return sum(1 for _ in raw_lines(path))
 
 
 def _precision(value: str) -> Precision:
     return value  # type: ignore[return-value]  # checked against the Literal above
-
-
-@contextlib.contextmanager
-def _open_input(path: Path | None) -> Iterator[BinaryIO]:
-    if path is None:
-        yield sys.stdin.buffer
-        return
-    if not path.is_file():
-        raise NmtError(f"{path}: no such input file")
-    with open(path, "rb") as fh:
-        yield fh

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli import __version__
-from nmt_cli.core.files import atomic_path
+from nmt_cli.core.files import writing
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.errors import NmtError
@@ -86,18 +86,26 @@ def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
 
 
 def save_checkpoint(ckpt: Checkpoint, path: str | Path) -> Path:
-    """Write atomically: a kill mid-write leaves the previous file intact."""
+    """Write atomically (a kill mid-write leaves the previous file intact); a symlink, FIFO
+    or device is written through."""
     path = Path(path)
-    with atomic_path(path) as tmp:
-        torch.save(ckpt.to_dict(), tmp)
+    with writing(path) as fh:
+        torch.save(ckpt.to_dict(), fh)
     return path
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Load and validate; every way a file can be unusable becomes a CheckpointError."""
+    """Load and validate; every way a file can be unusable becomes a CheckpointError.
+
+    The messages never pass on PyTorch's advice to load with `weights_only=False`: for a
+    file that is refused, that advice is exactly how a stranger's file runs its code.
+    """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint file")
+    _refuse_non_pytorch(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about foreign pickle protocols
@@ -105,14 +113,48 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f"{path}: refused, the file holds objects other than weights and plain data "
-            f"(it may try to run code when loaded): {str(exc).splitlines()[0]}"
+            f"(loading it could run code){_reason(exc)}"
         ) from None
     except Exception as exc:  # torch raises many types for a file that is not a checkpoint
         raise CheckpointError(
-            f"{path}: not a readable checkpoint (truncated or not written by nmt): "
-            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            f"{path}: not a readable checkpoint (truncated or not written by nmt){_reason(exc)}"
         ) from None
     return checkpoint_from_dict(raw, path)
+
+
+def _refuse_non_pytorch(path: Path) -> None:
+    """A file that does not start like a PyTorch file (a zip archive, or a legacy pickle)
+    is named for what it is, rather than fed to the unpickler."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror})") from None
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"):
+        return
+    looks = "empty" if not head else "compressed data" if head[:2] == b"\x1f\x8b" else ""
+    if not looks:
+        try:
+            head.decode("ascii")
+            looks = "text"
+        except UnicodeDecodeError:
+            looks = "some other binary format"
+    raise CheckpointError(
+        f"{path}: not a checkpoint (it is {looks}; nmt train and nmt average-checkpoints "
+        "write checkpoints as .pt files)"
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    """The useful part of a torch.load error, without its advice to drop weights_only."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [
+        line
+        for line in lines
+        if "weights_only" not in line and "torch.load" not in line and "file an issue" not in line
+    ]
+    chosen = next((line for line in useful if "GLOBAL" in line), useful[0] if useful else "")
+    return f": {chosen}" if chosen else ""
 
 
 def checkpoint_from_dict(raw: Any, path: str | Path = "<memory>") -> Checkpoint:

@@ -22,6 +22,11 @@ runs once per batch, the first step runs on one row per sentence (all beams are 
 then) and only then expands the cache to K rows, candidates come from one `topk` over
 the flattened (N, K*V) scores (no full-vocabulary sort), and finished sentences leave the
 batch so late steps only pay for the sentences still open.
+
+Attention for pictures and alignments: with `need_weights`, beam search asks the model for
+each step's attention weights and keeps them with a back-pointer per row, and every
+returned hypothesis carries the weights of the very steps that produced its tokens. Without
+it (every normal translation) nothing is recorded and the loop is the one above.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class Hypothesis:
     tokens: list[int]  # target subword ids, without BOS/EOS
     score: float  # log-probability divided by the GNMT length penalty ((5+|Y|)/6)^alpha
     log_prob: float  # total log-probability (including EOS)
+    # With need_weights: for each output token and the final EOS (len(tokens) + 1 steps),
+    # this hypothesis's row of every tensor the model's decode_step returned at that step.
+    attention: list[list[Tensor]] | None = None
 
 
 class Cache(Protocol):
@@ -57,8 +65,16 @@ class Searchable(Protocol):
     def new_cache(self) -> Any: ...
 
     def decode_step(
-        self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any
-    ) -> tuple[Tensor, Any]: ...
+        self,
+        last_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: Any,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Any]:
+        """-> (log-probabilities (rows, V), with need_weights a list of row-first tensors
+        to record, else anything). Search passes need_weights only when recording."""
+        ...
 
 
 def length_penalty_value(length: int | float, alpha: float) -> float:
@@ -173,17 +189,57 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     nbest: int = 1,
+    need_weights: bool = False,
 ) -> list[list[Hypothesis]]:
     """Decode a batch: src (B, S) right-padded with 0, each row ids + [EOS].
 
     Returns, per sentence, its `nbest` best finished hypotheses, best first (fewer only if
-    the beam closed before finding that many).
+    the beam closed before finding that many). With `need_weights`, each hypothesis also
+    carries the attention weights of the steps that produced it (`Hypothesis.attention`);
+    beam 1 then gives greedy search's output with its weights.
     """
     if beam_size < 1:
         raise ValueError(f"beam size must be at least 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and the beam size {beam_size}, got {nbest}")
-    return _BeamSearch(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest).run()
+    search = _BeamSearch(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest)
+    if need_weights:
+        search.trace = _Trace()
+    return search.run()
+
+
+class _Trace:
+    """Each step's attention weights, one row per (sentence, beam) row of that step, and
+    for each row the row of the step before that it continues (its back-pointer).
+
+    Rows move between steps (beams reorder, finished sentences leave the batch), so a
+    hypothesis's weights are found by walking its back-pointers from its last step."""
+
+    def __init__(self) -> None:
+        self.weights: list[list[Tensor]] = []
+        self.parents: list[Tensor | None] = []
+        self.from_rows: Tensor | None = None  # per open beam: its row in the last step
+
+    def add(self, weights: Any) -> None:
+        if not isinstance(weights, list | tuple):
+            raise TypeError("decode_step(need_weights=True) must return a list of tensors")
+        self.weights.append([w.detach() for w in weights])
+        self.parents.append(self.from_rows)
+
+    def keep(self, rows: Tensor) -> None:
+        """Open beams `rows` stay in the batch (in that order)."""
+        assert self.from_rows is not None
+        self.from_rows = self.from_rows.index_select(0, rows)
+
+    def path(self, step: int, row: int) -> list[list[Tensor]]:
+        """The weights of the hypothesis that ended at `row` of `step`, first step first."""
+        out: list[list[Tensor]] = []
+        for s in range(step, -1, -1):
+            out.append([w[row] for w in self.weights[s]])
+            parent = self.parents[s]
+            if parent is not None:
+                row = int(parent[row])
+        return out[::-1]
 
 
 class _BeamSearch:
@@ -208,6 +264,18 @@ class _BeamSearch:
         # Score of each sentence's nbest-th finished hypothesis; -inf until it has nbest.
         self.kth_best = torch.full((n,), -math.inf, dtype=torch.float64, device=src.device)
         self.results: list[list[Hypothesis]] = [[] for _ in range(n)]
+        self.trace: _Trace | None = None
+        self.ends: dict[int, tuple[int, int]] = {}  # id(hypothesis) -> its (step, row)
+
+    def _step(self, tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any) -> Tensor:
+        if self.trace is None:
+            lprobs, _ = self.model.decode_step(tokens, memory, src_mask, cache)
+        else:
+            lprobs, weights = self.model.decode_step(
+                tokens, memory, src_mask, cache, need_weights=True
+            )
+            self.trace.add(weights)
+        return lprobs
 
     def run(self) -> list[list[Hypothesis]]:
         model, src, k = self.model, self.src, self.k
@@ -218,7 +286,7 @@ class _BeamSearch:
 
         # Step 0: one row per sentence, since every beam starts from the same BOS.
         bos = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
-        lprobs, _ = model.decode_step(bos, memory, src_mask, cache)
+        lprobs = self._step(bos, memory, src_mask, cache)
         _mask_specials(lprobs)
         zero_limit = self.limit <= 0
         if bool(zero_limit.any()):
@@ -234,7 +302,7 @@ class _BeamSearch:
         src_mask = src_mask.index_select(0, expand)
         sent_ids = torch.arange(n, device=device)  # original sentence of each active one
         history = top_tok.new_empty((n * k, 0))
-        cum, history = self._settle(top_lp, top_tok, history, None, sent_ids, 0)
+        cum, history = self._settle(top_lp, top_tok, history, None, sent_ids, 0, expand)
         tokens = top_tok.reshape(-1)
         step = 1
         while True:
@@ -255,8 +323,10 @@ class _BeamSearch:
                     src_mask = src_mask.index_select(0, rows)
                     sent_ids, cum = sent_ids[keep], cum[keep]
                     history, tokens = history[rows], tokens[rows]
+                    if self.trace is not None:
+                        self.trace.keep(rows)
             n_act = sent_ids.numel()
-            lprobs, _ = model.decode_step(tokens, memory, src_mask, cache)
+            lprobs = self._step(tokens, memory, src_mask, cache)
             _mask_specials(lprobs)
             at_limit = self.limit[sent_ids] <= step
             if bool(at_limit.any()):
@@ -267,7 +337,7 @@ class _BeamSearch:
             beam_idx = torch.div(flat, vocab, rounding_mode="floor")
             top_tok = flat - beam_idx * vocab
             origin = (torch.arange(n_act, device=device)[:, None] * k + beam_idx).reshape(-1)
-            cum, history = self._settle(top_lp, top_tok, history, origin, sent_ids, step)
+            cum, history = self._settle(top_lp, top_tok, history, origin, sent_ids, step, origin)
             # Beams reorder within their sentence: the cross-attention keys stay valid.
             cache.reorder(origin, cross=False)
             tokens = top_tok.reshape(-1)
@@ -275,6 +345,9 @@ class _BeamSearch:
         for sent, hyps in enumerate(self.finished):
             hyps.sort(key=lambda h: h.score, reverse=True)
             self.results[sent] = hyps[: self.nbest]
+            if self.trace is not None:
+                for hyp in self.results[sent]:
+                    hyp.attention = self.trace.path(*self.ends[id(hyp)])
         return self.results
 
     def _settle(
@@ -285,9 +358,11 @@ class _BeamSearch:
         origin: Tensor | None,
         sent_ids: Tensor,
         step: int,
+        step_rows: Tensor,
     ) -> tuple[Tensor, Tensor]:
         """Set aside candidates that end with EOS; return the open beams' log-probs (closed
-        slots -inf) and their token histories (reordered to the new beams)."""
+        slots -inf) and their token histories (reordered to the new beams). `step_rows`
+        gives each candidate's row in this step's model call (for the attention trace)."""
         if origin is not None:
             history = history.index_select(0, origin)
         ended = (top_tok == EOS_ID) & torch.isfinite(top_lp)
@@ -297,8 +372,16 @@ class _BeamSearch:
             rows = where[:, 0] * self.k + where[:, 1]
             ids_list = history.index_select(0, rows).tolist()
             sents = sent_ids[where[:, 0]].tolist()
-            for sent, ids, logp in zip(sents, ids_list, top_lp[ended].tolist(), strict=True):
-                self._add(sent, Hypothesis(ids, logp / lp, logp))
+            calls = step_rows[rows].tolist() if self.trace is not None else [0] * len(sents)
+            for sent, ids, logp, call in zip(
+                sents, ids_list, top_lp[ended].tolist(), calls, strict=True
+            ):
+                hyp = Hypothesis(ids, logp / lp, logp)
+                if self.trace is not None:
+                    self.ends[id(hyp)] = (step, call)
+                self._add(sent, hyp)
+        if self.trace is not None:
+            self.trace.from_rows = step_rows
         cum = top_lp.masked_fill(top_tok == EOS_ID, -math.inf)
         history = torch.cat([history, top_tok.reshape(-1, 1)], dim=1)
         return cum, history

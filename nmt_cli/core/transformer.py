@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt_cli.core.attention import (
+from nmt_cli.core.attention_kernels import (
     AttentionBackend,
     backend_scope,
     check_policy,
@@ -29,76 +28,10 @@ from nmt_cli.core.attention import (
 )
 from nmt_cli.core.cache import DecoderCache, LayerCache
 from nmt_cli.core.dropout import Dropout
+from nmt_cli.core.model_config import ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
 
-PositionKind = Literal["sinusoidal", "learned"]
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Every knob of the paper's Table 3 plus the vocabulary the model is built for.
-
-    `d_k` and `d_v` default to d_model / n_heads but can be set on their own (row B changes
-    d_k alone). Vocabulary sizes are filled in from the data when the model is built.
-    """
-
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    d_model: int = 512
-    d_ff: int = 2048
-    n_heads: int = 8
-    d_k: int | None = None
-    d_v: int | None = None
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    relu_dropout: float = 0.0
-    positions: PositionKind = "sinusoidal"
-    max_positions: int = 1024
-    src_vocab_size: int = 0
-    tgt_vocab_size: int = 0
-    pad_id: int = 0
-    share_embeddings: bool = True
-    joint_vocab: bool = True  # one vocabulary for both sides; filled in from the data
-
-    def __post_init__(self) -> None:
-        for name in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "n_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be at least 1, got {getattr(self, name)}")
-        if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
-            raise ValueError(
-                f"model.d_model ({self.d_model}) must be divisible by model.n_heads "
-                f"({self.n_heads}) unless model.d_k and model.d_v are set"
-            )
-        for name in ("dropout", "attention_dropout", "relu_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
-        sizes = (self.src_vocab_size, self.tgt_vocab_size)
-        if self.joint_vocab and all(sizes) and sizes[0] != sizes[1]:
-            raise ValueError(
-                f"a joint vocabulary has one size, got {self.src_vocab_size} source and "
-                f"{self.tgt_vocab_size} target pieces"
-            )
-        if self.positions not in ("sinusoidal", "learned"):
-            raise ValueError(
-                f"model.positions must be 'sinusoidal' or 'learned', got {self.positions!r}"
-            )
-
-    @property
-    def head_dim_k(self) -> int:
-        return self.d_k if self.d_k is not None else self.d_model // self.n_heads
-
-    @property
-    def head_dim_v(self) -> int:
-        return self.d_v if self.d_v is not None else self.d_model // self.n_heads
-
-    @property
-    def three_way_tying(self) -> bool:
-        """Section 3.4: "we share the same weight matrix between the two embedding layers
-        and the pre-softmax linear transformation". That needs one vocabulary for both
-        sides: with two SentencePiece models, source piece 10 and target piece 10 are
-        different strings, so the source gets its own matrix and only the target embedding
-        and the output projection stay tied (whatever the two sizes)."""
-        return self.share_embeddings and self.joint_vocab
+__all__ = ["ModelConfig", "PositionKind", "Transformer", "count_parameters"]
 
 
 def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
@@ -175,7 +108,7 @@ class MultiHeadAttention(nn.Module):
             self.kv = nn.Linear(cfg.d_model, qk + v)
         self.out = nn.Linear(v, cfg.d_model)
         self.dropout_p = cfg.attention_dropout
-        # Which SDPA kernels may run on a GPU (core/attention.py); not part of the weights.
+        # Which SDPA kernels may run on a GPU (core/attention_kernels.py); not part of the weights.
         self.backend: AttentionBackend = "auto"
 
     def _heads(self, x: Tensor, dim: int) -> Tensor:
@@ -282,15 +215,19 @@ class EncoderLayer(nn.Module):
         self.norm2 = LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        x = self.norm1(self.dropout.add(x, self.self_attn(x, key_mask=src_mask).values))
-        return self.norm2(self.dropout.add(x, self.ffn(x)))
+    def forward(
+        self, x: Tensor, src_mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        a = self.self_attn(x, key_mask=src_mask, need_weights=need_weights)
+        x = self.norm1(self.dropout.add(x, a.values))
+        return self.norm2(self.dropout.add(x, self.ffn(x))), a.weights
 
 
 @dataclass
 class DecoderOutput:
     hidden: Tensor  # (B, T, D)
     cross_attention: list[Tensor] | None  # one (B, h, T, S) per layer when asked for
+    self_attention: list[Tensor] | None = None  # one (B, h, T, prefix + T) per layer
 
 
 class DecoderLayer(nn.Module):
@@ -311,7 +248,9 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         cache: LayerCache | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """-> (output, self-attention weights, cross-attention weights); weights only
+        when asked for."""
         # With a cache, the single query position is the newest one, so it may see every
         # cached key: no causal mask is needed (and SDPA's would be aligned wrongly).
         causal = cache is None
@@ -319,7 +258,7 @@ class DecoderLayer(nn.Module):
         y = self.norm1(self.dropout.add(y, a.values))
         c = self.cross_attn(y, memory, key_mask=src_mask, cache=cache, need_weights=need_weights)
         y = self.norm2(self.dropout.add(y, c.values))
-        return self.norm3(self.dropout.add(y, self.ffn(y))), c.weights
+        return self.norm3(self.dropout.add(y, self.ffn(y))), a.weights, c.weights
 
 
 class Transformer(nn.Module):
@@ -368,12 +307,30 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src: (B, S) token ids -> (B, S, D)."""
+        return self._encode(src, src_mask, need_weights=False)[0]
+
+    def encode_with_attention(
+        self, src: Tensor, src_mask: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        """`encode`, plus every encoder layer's self-attention weights (B, h, S, S).
+
+        The written-out attention replaces the fused kernel here, so the output equals
+        `encode`'s up to rounding; used only when a caller wants pictures or alignments.
+        """
+        return self._encode(src, src_mask, need_weights=True)
+
+    def _encode(
+        self, src: Tensor, src_mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, list[Tensor]]:
         if src_mask is None:
             src_mask = self.source_mask(src)
         x = self.src_embed(src)
+        weights: list[Tensor] = []
         for layer in self.encoder:
-            x = layer(x, src_mask)
-        return x
+            x, w = layer(x, src_mask, need_weights)
+            if w is not None:
+                weights.append(w)
+        return x, weights
 
     def decode(
         self,
@@ -386,15 +343,19 @@ class Transformer(nn.Module):
         """tgt_in: (B, T) ids; with a cache, T new positions continue the cached prefix."""
         start = cache.length if cache is not None else 0
         y = self.tgt_embed(tgt_in, start)
-        weights: list[Tensor] = []
+        cross: list[Tensor] = []
+        own: list[Tensor] = []
         for i, layer in enumerate(self.decoder):
             layer_cache = cache.layers[i] if cache is not None else None
-            y, w = layer(y, memory, src_mask, layer_cache, need_weights)
-            if w is not None:
-                weights.append(w)
+            y, self_w, cross_w = layer(y, memory, src_mask, layer_cache, need_weights)
+            if self_w is not None and cross_w is not None:
+                own.append(self_w)
+                cross.append(cross_w)
         if cache is not None:
             cache.length += tgt_in.size(1)
-        return DecoderOutput(y, weights if need_weights else None)
+        if not need_weights:
+            return DecoderOutput(y, None)
+        return DecoderOutput(y, cross, own)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) -> (..., V) through the tied output projection, no bias."""
@@ -410,7 +371,7 @@ class Transformer(nn.Module):
         return self.logits(hidden) if project else hidden
 
     def set_attention_backend(self, policy: AttentionBackend) -> None:
-        """Which SDPA kernels every attention layer may use on a GPU (core/attention.py)."""
+        """Which SDPA kernels every attention layer may use on a GPU (core/attention_kernels.py)."""
         check_policy(policy)
         for module in self.modules():
             if isinstance(module, MultiHeadAttention):
@@ -431,10 +392,16 @@ class Transformer(nn.Module):
 
         Self-attention keys/values of the prefix come from the cache; cross-attention
         keys/values are computed from `memory` on the first step and reused after.
+        With `need_weights`, also this step's attention weights as one flat list of
+        row-first tensors (what search records): every decoder layer's self-attention
+        (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S).
         """
         out = self.decode(last_tokens[:, None], memory, src_mask, cache, need_weights)
         logits = self.logits(out.hidden[:, -1])
-        return logits.float().log_softmax(-1), out.cross_attention
+        weights = None
+        if out.self_attention is not None and out.cross_attention is not None:
+            weights = [*out.self_attention, *out.cross_attention]
+        return logits.float().log_softmax(-1), weights
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -40,6 +40,11 @@ class Vocab:
         """Ids -> detokenized text; special ids are dropped."""
         return str(self.processor.Decode([i for i in ids if i > EOS_ID]))
 
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """Ids -> SentencePiece pieces ("▁" starts a word), as attention pictures and word
+        alignments need them."""
+        return [str(self.processor.IdToPiece(i)) for i in ids]
+
 
 @dataclass(frozen=True)
 class VocabPair:

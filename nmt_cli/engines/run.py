@@ -1,6 +1,8 @@
 """`nmt run`: one recipe, every stage, in order, resumable after any interruption.
 
-prepare -> train -> average -> translate -> score. Each stage either finds its output
+prepare -> train -> average -> translate -> score, then the training curves
+(curves-steps/curves-time .png/.svg in the run directory, when matplotlib is installed).
+Each stage either finds its output
 complete and skips, or (re)does its work: prepare skips its finished stages, train resumes
 from the run's last checkpoint (its time budget counts across restarts), and average,
 translate and score write their outputs atomically, so a file that exists is complete.
@@ -12,6 +14,7 @@ averaged model (the paper's final model), the best checkpoint by dev loss, and t
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,11 +26,15 @@ from nmt_cli.core.files import atomic_write_text
 from nmt_cli.core.transformer import count_parameters
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.average import average_checkpoints, select_last
+from nmt_cli.engines.pictures.backend import INSTALL_HINT, plotting_available
+from nmt_cli.engines.pictures.curves import write_curves
 from nmt_cli.engines.prepare import Progress, prepare, prepare_from_data_config
-from nmt_cli.engines.score import ScoreSettings, score_lines
+from nmt_cli.engines.score import ScoreSettings, mostly_empty, score_lines
 from nmt_cli.engines.train import EventSink, TrainOptions, train
+from nmt_cli.engines.training_log import METRICS, read_run_log
 from nmt_cli.engines.translate import set_threads, translate_lines
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import Interrupted, NmtError, UsageError
+from nmt_cli.text_io import read_lines
 
 STAGES = ("prepare", "train", "average", "translate", "score")
 RESULTS = "results.json"
@@ -43,9 +50,9 @@ class RunOptions:
     def __post_init__(self) -> None:
         for name in (self.from_stage, self.until_stage):
             if name not in STAGES:
-                raise NmtError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
+                raise UsageError(f"unknown stage {name!r}; stages are {', '.join(STAGES)}")
         if STAGES.index(self.from_stage) > STAGES.index(self.until_stage):
-            raise NmtError(f"--from {self.from_stage} comes after --until {self.until_stage}")
+            raise UsageError(f"--from {self.from_stage} comes after --until {self.until_stage}")
 
     def runs(self, stage: str) -> bool:
         return (
@@ -73,6 +80,8 @@ class SystemScore:
     paper_bleu: float | None
     paper_bleu_signature: str | None
     chrf: float
+    empty_lines: int = 0  # when most of the output is empty (see score.mostly_empty), else 0
+    lines: int = 0
 
 
 @dataclass
@@ -84,10 +93,22 @@ class RunResult:
     steps: int = 0
     train_seconds: float = 0.0
     parameters: int = 0
+    train_flops: float = 0.0  # counted matrix products, forward + backward (core/flops.py)
+    device_flops: float = 0.0  # the paper's Table 2 estimate: time x devices x device rate
+    dev_ppl: float | None = None  # at the last validation
     systems: list[SystemScore] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def warnings(self) -> list[str]:
+        """What the results table alone would hide: systems that output mostly nothing."""
+        return [
+            f"{s.system}: {s.empty_lines:,} of {s.lines:,} translations are empty, so its "
+            f"scores mean little; the model is probably undertrained ({self.steps:,} steps)"
+            for s in self.systems
+            if s.empty_lines
+        ]
 
 
 @dataclass(frozen=True)
@@ -122,9 +143,23 @@ def run_recipe(
         hooks.stage(StageNotice("score", "start"))
         _score(recipe, run_dir, systems, result)
         _training_facts(run_dir, result)
-        atomic_write_text(run_dir / RESULTS, json.dumps(result.to_dict(), indent=2) + "\n")
+        record = {**result.to_dict(), "warnings": result.warnings()}
+        atomic_write_text(run_dir / RESULTS, json.dumps(record, indent=2) + "\n")
         hooks.stage(StageNotice("score", "done", str(run_dir / RESULTS)))
+    if options.runs("train") or STAGES.index(options.from_stage) > STAGES.index("train"):
+        hooks.stage(StageNotice("plot", "done", _plot(run_dir)))
     return result
+
+
+def _plot(run_dir: Path) -> str:
+    """Training curves into the run directory; a notice, never a failure, without
+    matplotlib (the run itself succeeded)."""
+    if not (run_dir / METRICS).is_file():
+        return f"no {METRICS}, no training curves"
+    if not plotting_available():
+        return f"matplotlib is not installed, so no training curves ({INSTALL_HINT})"
+    written = write_curves([read_run_log(run_dir)], run_dir)
+    return "wrote " + ", ".join(p.name for p in written)
 
 
 def _prepare(recipe: RecipeConfig, hooks: RunHooks) -> str:
@@ -132,16 +167,18 @@ def _prepare(recipe: RecipeConfig, hooks: RunHooks) -> str:
     return "up to date" if done.up_to_date else f"wrote {done.out}"
 
 
-class RunInterrupted(NmtError):
-    """Training stopped on a signal: the later stages must not run on a partial model."""
+class RunInterrupted(Interrupted):
+    """Training stopped on a signal: the later stages must not run on a partial model
+    (exit 128 + the signal, as `nmt train`)."""
 
 
 def _train(recipe: RecipeConfig, options: RunOptions, hooks: RunHooks) -> str:
     done = train(recipe, TrainOptions(gpus=options.gpus, procs=options.procs), hooks.train)
     if done.stopped_by == "signal":
         raise RunInterrupted(
-            f"training interrupted at step {done.steps:,} (checkpoint saved); "
-            "rerun the same command to continue"
+            f"training interrupted by signal {done.signal} at step {done.steps:,} "
+            "(checkpoint saved); rerun the same command to continue",
+            done.signal or signal.SIGINT,
         )
     return f"{done.steps:,} steps, stopped by {done.stopped_by}"
 
@@ -183,7 +220,7 @@ def _translate(recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path]) ->
     source = data.raw_text("test", "src")
     if not source.is_file():
         raise NmtError(f"{data.root}: no raw test text ({source.name}); rerun nmt prepare")
-    lines = source.read_text(encoding="utf-8").splitlines()
+    lines = read_lines(source)
     _, workers = set_threads(recipe.decode.threads, recipe.decode.workers)
     wrote = []
     for label, ckpt_path in systems.items():
@@ -200,13 +237,13 @@ def _score(
     recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path], result: RunResult
 ) -> None:
     data = open_data_dir(recipe.data.dir)
-    refs = data.raw_text("test", "tgt").read_text(encoding="utf-8").splitlines()
+    refs = read_lines(data.raw_text("test", "tgt"))
     settings = ScoreSettings(paper=recipe.score.paper_bleu, lang=data.tgt_lang)
     for label, ckpt_path in systems.items():
         hyp_path = _hyp_path(run_dir, label)
         if not hyp_path.is_file():
             continue
-        hyps = hyp_path.read_text(encoding="utf-8").splitlines()
+        hyps = read_lines(hyp_path)
         scores = score_lines(hyps, [refs], settings, names=[str(hyp_path), "reference"])
         paper = scores.paper_bleu
         result.systems.append(
@@ -218,6 +255,8 @@ def _score(
                 paper_bleu=paper.score if paper else None,
                 paper_bleu_signature=paper.signature if paper else None,
                 chrf=scores.get("chrF2").score,
+                empty_lines=mostly_empty(hyps),
+                lines=len(hyps),
             )
         )
     if not result.systems:
@@ -228,6 +267,26 @@ def _training_facts(run_dir: Path, result: RunResult) -> None:
     last = run_dir / "checkpoints" / "last.pt"
     if last.is_file():
         ckpt = load_checkpoint(last)
+        state = ckpt.train_state or {}
         result.steps = ckpt.step
-        result.train_seconds = float((ckpt.train_state or {}).get("elapsed_s", 0.0))
+        result.train_seconds = float(state.get("elapsed_s", 0.0))
+        result.train_flops = float(state.get("train_flops", 0.0))
+        result.device_flops = float(state.get("device_flops", 0.0))
         result.parameters = count_parameters(ckpt.build_model())
+    result.dev_ppl = last_dev_ppl(run_dir)
+
+
+def last_dev_ppl(run_dir: Path) -> float | None:
+    """The dev perplexity of the run's last validation (metrics.jsonl), if any."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    ppl = None
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("type") == "valid" and "dev_ppl" in record:
+            ppl = float(record["dev_ppl"])
+    return ppl

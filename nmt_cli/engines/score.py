@@ -10,17 +10,16 @@ compares the two by mistake.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
 
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, UsageError
 
 PAPER_LABEL = (
     "tokenized BLEU as in the paper (Moses tokenizer + compound splitting, multi-bleu "
@@ -78,27 +77,39 @@ class ScoreResult:
         return next((m for m in self.metrics if m.name == "tokenized BLEU"), None)
 
 
-def read_lines(path: Path) -> list[str]:
-    """Lines of a text file without their line ends; a clear error for what cannot be read."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise NmtError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise NmtError(f"{path}: cannot be read ({exc.strerror})") from None
-    return split_lines(data, str(path))
+def check_settings(settings: ScoreSettings) -> None:
+    """Option values, refused before any scoring (exit code 2, naming the flag)."""
+    if settings.bootstrap < 0:
+        raise UsageError(
+            f"--bootstrap must be 0 (none) or a number of resamples, got {settings.bootstrap}"
+        )
+    if settings.bootstrap == 1:
+        raise UsageError("--bootstrap 1 gives no interval; use at least 2 resamples (e.g. 1000)")
+    if settings.samples < 0:
+        raise UsageError(
+            f"the paired test needs a positive number of samples, got {settings.samples}"
+        )
+    if settings.paper and settings.lang not in moses_languages():
+        known = ", ".join(sorted(moses_languages()))
+        raise UsageError(
+            f"--lang {settings.lang!r}: not a language the Moses tokenizer knows ({known})"
+        )
 
 
-def split_lines(data: bytes, name: str) -> list[str]:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise NmtError(f"{name}: line {line} is not valid UTF-8") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+@lru_cache(maxsize=1)
+def moses_languages() -> frozenset[str]:
+    """Language codes sacremoses has rules for (non-breaking prefixes, or its CJK modes)."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return frozenset(NonbreakingPrefixes().available_langs.values()) | {"ja", "ko"}
+
+
+def mostly_empty(lines: Sequence[str], share: float = 0.5) -> int:
+    """The number of empty lines when they are more than `share` of `lines`, else 0: a
+    system that outputs mostly nothing (an undertrained model) scores near 0 without any
+    error, and deserves a warning rather than a quiet number in a table."""
+    empty = sum(1 for line in lines if not line.strip())
+    return empty if lines and empty > share * len(lines) else 0
 
 
 def check_inputs(hyps: Sequence[str], refs: Sequence[Sequence[str]], names: Sequence[str]) -> None:
@@ -159,13 +170,16 @@ def score_lines(
     settings: ScoreSettings | None = None,
     other: Sequence[str] | None = None,
     names: Sequence[str] | None = None,
+    on_metric: Callable[[str], None] = lambda name: None,
 ) -> ScoreResult:
     """Score hypotheses against one or more reference sets (each line-aligned with them).
 
     `other`, if given, is a second system compared with `hyps` by a paired test.
-    `names` label the hypotheses and references in error messages.
+    `names` label the hypotheses and references in error messages. `on_metric(name)` is
+    called as each metric is done (bootstrap resampling makes each one slow).
     """
     settings = settings or ScoreSettings()
+    check_settings(settings)
     names = names or ["hypotheses", *(f"reference {i + 1}" for i in range(len(refs)))]
     check_inputs(hyps, refs, names)
     if other is not None and len(other) != len(hyps):
@@ -174,11 +188,10 @@ def score_lines(
         )
     ref_sets = [list(r) for r in refs]
     n = settings.bootstrap
-    metrics = [
-        _score(BLEU(), "BLEU", hyps, ref_sets, n),
-        _score(CHRF(), "chrF2", hyps, ref_sets, n),
-        _score(TER(), "TER", hyps, ref_sets, n),
-    ]
+    metrics = []
+    for metric, name in ((BLEU(), "BLEU"), (CHRF(), "chrF2"), (TER(), "TER")):
+        metrics.append(_score(metric, name, hyps, ref_sets, n))
+        on_metric(name)
     if settings.paper:
         tok_refs = [paper_tokenize(r, settings.lang) for r in ref_sets]
         paper = _score(
@@ -193,7 +206,10 @@ def score_lines(
         metrics.append(
             MetricScore(paper.name, paper.score, signature, paper.detail, paper.mean, paper.ci)
         )
+        on_metric(paper.name)
     comparisons = _compare(hyps, other, ref_sets, settings) if other is not None else []
+    if other is not None:
+        on_metric("paired test")
     return ScoreResult(len(hyps), len(refs), metrics, comparisons)
 
 

@@ -11,7 +11,6 @@ the model's positions are truncated and counted, never dropped.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -21,22 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.errors import NmtError
-
-LENGTH_PENALTY_HELP = (
-    "GNMT length penalty: score(Y) = log P(Y|X) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, "
-    "|Y| counting the end-of-sentence token"
-)
+from nmt_cli.engines.alignment import format_alignment, hard_alignment
+from nmt_cli.engines.attention_views import CrossAttentionOf, check_layer
+from nmt_cli.errors import NmtError, UsageError
 
 
 @dataclass(frozen=True)
@@ -45,6 +43,7 @@ class TranslatedHypothesis:
     score: float  # log-probability / length penalty
     log_prob: float
     length: int  # subword tokens, without EOS
+    alignment: str | None = None  # Moses "i-j" source-target word pairs, when asked for
 
 
 @dataclass(frozen=True)
@@ -83,43 +82,62 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise NmtError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
+        raise UsageError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise NmtError(f"--device {name}: no CUDA device is available; use --device cpu")
     return device
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 class Translator:
-    """A model and its vocabularies, ready to translate chunks of raw lines."""
+    """A model and its vocabularies, ready to translate chunks of raw lines.
+
+    With `alignment_layer` (1-based), every hypothesis also gets its word alignment from
+    that decoder layer's cross-attention, averaged over heads, recorded by the search that
+    produced it (beam 1 then runs as a one-beam beam search, the same output as greedy).
+    """
 
     def __init__(
-        self, model: Transformer, vocab: VocabPair, cfg: DecodeConfig, workers: int = 1
+        self,
+        model: Transformer,
+        vocab: VocabPair,
+        cfg: DecodeConfig,
+        workers: int = 1,
+        alignment_layer: int | None = None,
     ) -> None:
         self.model, self.vocab, self.cfg = model, vocab, cfg
         self.max_source = model.cfg.max_positions - 1  # room for the source's EOS
         self.device = next(model.parameters()).device
         self.workers = workers if self.device.type == "cpu" else 1
         self._pool: ThreadPoolExecutor | None = None
+        self.aligner: CrossAttentionOf | None = None
+        if alignment_layer is not None:
+            layer = check_layer(alignment_layer, len(model.decoder), "--alignment-layer", "decoder")
+            self.aligner = CrossAttentionOf(model, layer)
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, cfg: DecodeConfig, workers: int = 1) -> Translator:
+    def from_checkpoint(
+        cls,
+        ckpt: Checkpoint,
+        cfg: DecodeConfig,
+        workers: int = 1,
+        alignment_layer: int | None = None,
+    ) -> Translator:
         """Build the model on the configured device and cast it to the configured precision
         (log-softmax stays in float32 inside the model)."""
         device = resolve_device(cfg.device)
         dtype = dtype_of(resolve_precision(cfg.precision, device, "--precision"))
         model = ckpt.build_model().to(device=device, dtype=dtype)
-        return cls(model, ckpt.vocab, cfg, workers)
+        return cls(model, ckpt.vocab, cfg, workers, alignment_layer)
 
     @classmethod
-    def load(cls, path: str | Path, cfg: DecodeConfig, workers: int = 1) -> Translator:
-        return cls.from_checkpoint(load_checkpoint(path), cfg, workers)
+    def load(
+        cls,
+        path: str | Path,
+        cfg: DecodeConfig,
+        workers: int = 1,
+        alignment_layer: int | None = None,
+    ) -> Translator:
+        return cls.from_checkpoint(load_checkpoint(path), cfg, workers, alignment_layer)
 
     def _workers(self) -> ThreadPoolExecutor:
         """One pool for the translator's lifetime: the same few threads decode every chunk.
@@ -143,7 +161,7 @@ class Translator:
         batches = list(self._batches(order, ids))
 
         def decode(batch: list[int]) -> list[list[Hypothesis]]:
-            return self._search(self._tensor([ids[i] for i in batch]))
+            return self._search(self.source_tensor([ids[i] for i in batch]))
 
         if self.workers > 1 and len(batches) > 1:
             # Batches decoded side by side, one thread each: on small CPUs this beats
@@ -157,7 +175,7 @@ class Translator:
         return [
             Translation(
                 source=line,
-                hypotheses=[self._detok(h) for h in hyps[i]],
+                hypotheses=[self._detok(h, ids[i]) for h in hyps[i]],
                 truncated=truncated[i],
             )
             for i, line in enumerate(lines)
@@ -182,30 +200,39 @@ class Translator:
         if batch:
             yield batch
 
-    def _tensor(self, rows: list[list[int]]) -> Tensor:
+    def source_tensor(self, rows: list[list[int]]) -> Tensor:
+        """Source ids -> (B, width) ids + EOS, right-padded, on the model's device."""
         # Widths in steps of 8 (masked padding): few distinct shapes for oneDNN to build
         # kernels for, as with the batch sizes in search.batch_bucket.
         return pad_sources(rows, multiple=8).to(self.device)
 
     def _search(self, src: Tensor) -> list[list[Hypothesis]]:
         cfg = self.cfg
-        if cfg.beam_size == 1:
+        if cfg.beam_size == 1 and self.aligner is None:
             return greedy_search(self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty)
         return beam_search(
-            self.model,
+            self.model if self.aligner is None else self.aligner,
             src,
             beam_size=cfg.beam_size,
             length_penalty=cfg.length_penalty,
             max_len_a=cfg.max_len_a,
             max_len_b=cfg.max_len_b,
             nbest=cfg.nbest,
+            need_weights=self.aligner is not None,
         )
 
-    def _detok(self, hyp: Hypothesis) -> TranslatedHypothesis:
+    def _detok(self, hyp: Hypothesis, src_ids: list[int]) -> TranslatedHypothesis:
         text = self.vocab.tgt.decode(hyp.tokens)
         # One output line per input line, whatever the vocabulary can produce.
         text = " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
-        return TranslatedHypothesis(text, hyp.score, hyp.log_prob, len(hyp.tokens))
+        alignment = None
+        if hyp.attention is not None:
+            cross = np.stack([step[0].cpu().numpy() for step in hyp.attention])
+            pairs = hard_alignment(
+                cross, self.vocab.src.pieces(src_ids), self.vocab.tgt.pieces(hyp.tokens)
+            )
+            alignment = format_alignment(pairs)
+        return TranslatedHypothesis(text, hyp.score, hyp.log_prob, len(hyp.tokens), alignment)
 
 
 def translate_lines(
@@ -258,13 +285,21 @@ def decode_line(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Iterator[list[str]]:
+def read_chunks(
+    stream: BinaryIO,
+    max_lines: int,
+    wait_s: float = 0.05,
+    decode: Callable[[bytes], str] = decode_line,
+    name: str = "the input",
+) -> Iterator[list[str]]:
     """Chunks of lines as they become available, at most `max_lines` each.
 
     A reader thread feeds a bounded queue. A chunk starts with the next line (waiting for
     it as long as needed), then takes what else arrives within `wait_s`, then whatever is
     already queued: a person typing gets each line translated at once, a file or a fast
-    pipe fills whole chunks, and at most about two chunks of text are ever held.
+    pipe fills whole chunks, and at most about two chunks of text are ever held. `decode`
+    turns each raw line into text, in input order (the CLI passes the shared text policy
+    of `nmt_cli/text_io.py`, which names the file and line of bytes that are not text).
     """
     lines: queue.Queue[bytes | None] = queue.Queue(maxsize=max_lines)
     failure: list[BaseException] = []
@@ -284,7 +319,7 @@ def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Itera
         item = lines.get()
         if item is None:
             break
-        chunk = [decode_line(item)]
+        chunk = [decode(item)]
         deadline = time.monotonic() + wait_s
         while len(chunk) < max_lines:
             left = deadline - time.monotonic()
@@ -295,10 +330,10 @@ def read_chunks(stream: BinaryIO, max_lines: int, wait_s: float = 0.05) -> Itera
             if item is None:
                 ended = True
                 break
-            chunk.append(decode_line(item))
+            chunk.append(decode(item))
         yield chunk
     if failure:
-        raise NmtError(f"reading the input failed: {failure[0]}")
+        raise NmtError(f"{name}: reading failed ({failure[0]}); is the file truncated?")
 
 
 def translate_stream(
@@ -330,7 +365,12 @@ def translate_stream(
 
 
 def format_translations(
-    results: list[Translation], first_line: int, seconds: float, nbest: int, as_json: bool
+    results: list[Translation],
+    first_line: int,
+    seconds: float,
+    nbest: int,
+    as_json: bool,
+    alignment: bool = False,
 ) -> bytes:
     """The output of one chunk.
 
@@ -338,6 +378,8 @@ def format_translations(
     lines `N ||| text ||| score ||| log_prob` (N the 0-based input line), nbest per input.
     JSON: one object per input line with the source, the hypotheses and their scores, and
     the decoding time of the chunk the line was translated in.
+    With `alignment`, plain lines become `text ||| i-j ...` and n-best lines end with
+    `||| i-j ...` (an empty line's alignment is empty); JSON hypotheses get "alignment".
     """
     out: list[str] = []
     for n, result in enumerate(results, start=first_line):
@@ -346,7 +388,13 @@ def format_translations(
                 "line": n,
                 "source": result.source,
                 "hypotheses": [
-                    {"text": h.text, "score": h.score, "log_prob": h.log_prob, "tokens": h.length}
+                    {
+                        "text": h.text,
+                        "score": h.score,
+                        "log_prob": h.log_prob,
+                        "tokens": h.length,
+                        **({"alignment": h.alignment} if h.alignment is not None else {}),
+                    }
                     for h in result.hypotheses
                 ],
                 "truncated": result.truncated,
@@ -354,8 +402,15 @@ def format_translations(
             }
             out.append(json.dumps(record, ensure_ascii=False))
         elif nbest > 1:
-            hyps = result.hypotheses or [TranslatedHypothesis("", 0.0, 0.0, 0)]
-            out.extend(f"{n - 1} ||| {h.text} ||| {h.score:.6f} ||| {h.log_prob:.6f}" for h in hyps)
+            hyps = result.hypotheses or [TranslatedHypothesis("", 0.0, 0.0, 0, "")]
+            out.extend(
+                f"{n - 1} ||| {h.text} ||| {h.score:.6f} ||| {h.log_prob:.6f}"
+                + (f" ||| {h.alignment or ''}" if alignment else "")
+                for h in hyps
+            )
+        elif alignment:
+            best = result.hypotheses[0].alignment if result.hypotheses else ""
+            out.append(f"{result.text} ||| {best or ''}")
         else:
             out.append(result.text)
     text = "".join(line + "\n" for line in out)
@@ -363,7 +418,8 @@ def format_translations(
 
 
 def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
-    """Spend `threads` CPU threads (0 = every core this process may run on) on `workers`
+    """Spend `threads` CPU threads (0 = every CPU this process may use, within its affinity
+    mask and cgroup quota: see core/cpus.py) on `workers`
     batches decoded side by side (0 = one per thread); returns (threads, workers).
 
     Beam search runs many small matrix products, and on small or shared CPUs splitting
@@ -371,7 +427,7 @@ def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
     on one batch were several times slower than 1 on the 2-core benchmark machine), so by
     default every thread decodes its own batch with single-threaded operations.
     """
-    n = threads if threads > 0 else available_cores()
+    n = threads if threads > 0 else usable_cpus()
     w = max(1, min(workers or n, n))
     torch.set_num_threads(max(1, n // w))
     return n, w

@@ -113,13 +113,17 @@ def test_refuses_different_vocabularies(run_dir: Path, tmp_path: Path) -> None:
 def test_bad_inputs_are_clear_errors(run_dir: Path, tmp_path: Path) -> None:
     out = str(tmp_path / "x.pt")
     cases = [
-        (["average-checkpoints", str(tmp_path / "nope.pt"), "-o", out], "no such checkpoint"),
-        (["average-checkpoints", str(run_dir), "-o", out], "needs --last"),
-        (["average-checkpoints", str(tmp_path), "--last", "2", "-o", out], "no step checkpoints"),
+        (["average-checkpoints", str(tmp_path / "nope.pt"), "-o", out], "no such checkpoint", 1),
+        (["average-checkpoints", str(run_dir), "-o", out], "needs --last", 2),
+        (
+            ["average-checkpoints", str(tmp_path), "--last", "2", "-o", out],
+            "no step checkpoints",
+            1,
+        ),
     ]
-    for args, message in cases:
+    for args, message, code in cases:
         result = runner.invoke(app, args)
-        assert result.exit_code == 1, args
+        assert result.exit_code == code, args
         assert message in result.stderr and "Traceback" not in result.stderr
     corrupt = tmp_path / "bad.pt"
     corrupt.write_bytes(b"not a checkpoint")

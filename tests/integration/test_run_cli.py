@@ -59,6 +59,10 @@ def test_run_goes_from_nothing_to_a_results_table(finished_run: Path) -> None:
     assert averaged.st_size > 0
     test_lines = (finished_run / "data" / "test.src.txt").read_text().count("\n")
     assert (run_dir / "test.averaged.hyp").read_text().count("\n") == test_lines
+    # The training curves are drawn into the run directory at the end.
+    for name in ("curves-steps", "curves-time"):
+        assert (run_dir / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (run_dir / f"{name}.svg").stat().st_size > 1000
 
 
 def test_rerun_skips_finished_stages(finished_run: Path) -> None:
@@ -82,6 +86,22 @@ def test_interrupted_run_continues_where_it_stopped(finished_run: Path) -> None:
     assert len(json.loads((run_dir / "results.json").read_text())["systems"]) == 3
 
 
+def test_a_system_that_outputs_mostly_nothing_is_warned_about(finished_run: Path) -> None:
+    """An undertrained model's empty lines score near 0 without any error: the table
+    alone would hide that, so the run says it (and results.json records it)."""
+    run_dir = finished_run / "run"
+    hyp = run_dir / "test.last.hyp"
+    lines = hyp.read_text().count("\n")
+    hyp.write_text("\n" * lines)
+    result = runner.invoke(app, _args(finished_run, "--from", "score"))
+    assert result.exit_code == 0, result.output
+    warning = f"warning: last: {lines:,} of {lines:,} translations are empty"
+    assert warning in result.stderr
+    results = json.loads((run_dir / "results.json").read_text())
+    assert any(w.startswith(warning.removeprefix("warning: ")) for w in results["warnings"])
+    (run_dir / "test.last.hyp").unlink()  # the later tests translate it again
+
+
 def test_until_stops_early(tmp_path: Path) -> None:
     result = runner.invoke(app, _args(tmp_path, "--until", "prepare"))
     assert result.exit_code == 0, result.output
@@ -91,10 +111,10 @@ def test_until_stops_early(tmp_path: Path) -> None:
 
 def test_bad_stage_names_are_refused(tmp_path: Path) -> None:
     result = runner.invoke(app, _args(tmp_path, "--until", "deploy"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "unknown stage 'deploy'" in result.output
     result = runner.invoke(app, _args(tmp_path, "--from", "score", "--until", "train"))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
 
 
 def test_interrupted_training_stops_the_run(
@@ -104,10 +124,10 @@ def test_interrupted_training_stops_the_run(
     from nmt_cli.engines.train import TrainResult
 
     def interrupted(*_: object, **__: object) -> TrainResult:
-        return TrainResult(tmp_path, 7, 1.0, None, None, None, None, "signal", 0)
+        return TrainResult(tmp_path, 7, 1.0, None, None, None, None, "signal", 0, signal=15)
 
     monkeypatch.setattr(run_engine, "train", interrupted)
     result = runner.invoke(app, _args(tmp_path))
-    assert result.exit_code == 1
-    assert "interrupted at step 7" in result.output
+    assert result.exit_code == 143  # 128 + SIGTERM, as `nmt train`
+    assert "interrupted by signal 15 at step 7" in result.output
     assert not (tmp_path / "run" / "average.pt").exists()

@@ -126,4 +126,4 @@ def test_empty_reference_and_missing_files(files: dict[str, Path], tmp_path: Pat
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine\nbroken \xff here\n")
     code, _, err = invoke("--ref", str(files["ref"]), str(bad))
-    assert code == 1 and "line 2 is not valid UTF-8" in err
+    assert code == 1 and "bad.txt:2: not valid UTF-8 (byte 0xff at column 8)" in err

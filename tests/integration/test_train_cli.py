@@ -99,7 +99,11 @@ def test_run_dir_option_and_cpu_only_errors(setup: tuple[Path, Path], tmp_path: 
     assert fp16.exit_code == 1 and "fp16" in fp16.output and "needs a GPU" in fp16.output
 
 
-def test_sigterm_saves_and_exits_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_saves_and_exits_128_plus_its_number(
+    tmp_path: Path, signum: int, code: int
+) -> None:
+    """Saved and stopped, but not finished: 130 or 143, so `nmt train ... && next` stops."""
     data = make_data_dir(tmp_path / "data")
     recipe = write_recipe(tmp_path, data, tmp_path / "run", steps=100_000)
     env = {**os.environ, "COLUMNS": "200"}
@@ -115,10 +119,13 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path: Path) -> None:
         metrics.is_file() and len(metrics.read_text().splitlines()) >= 5
     ):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err.decode()
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err.decode()
     assert "interrupted: saved checkpoints/last.pt" in err.decode()
+    last_line = err.decode().rstrip().splitlines()[-1]
+    assert last_line.startswith(f"error: training stopped by signal {int(signum)}")
+    assert out == b""  # no checkpoint path for a script to take as the result
     last = load_checkpoint(tmp_path / "run/checkpoints/last.pt")
     assert last.step >= 5
     assert not (tmp_path / "run/train.lock").exists()

@@ -99,10 +99,20 @@ def test_unusual_text_never_crashes_and_keeps_one_line_per_line(random_ckpt: Pat
         b"",
         b"\x1b[31mescape\x1b[0m",
     ]
-    code, out, err = run(["-m", str(random_ckpt), "--max-len-b", "5"], b"\n".join(weird) + b"\n")
+    text = b"\n".join(weird) + b"\n"
+    args = ["-m", str(random_ckpt), "--max-len-b", "5"]
+    code, out, err = run([*args, "--on-bad-utf8", "replace"], text)
     assert code == 0, err
     assert out.count("\n") == len(weird)
     assert out.split("\n")[6:8] == ["", ""]  # blank lines stay blank
+    assert "warning: 2 line(s) with invalid UTF-8 or NUL bytes" in err and "stdin:1)" in err
+    # by default, bytes that are not text stop the command at the first such line
+    code, out, err = run(args, text)
+    assert code == 1 and out == ""
+    assert err.strip() == (
+        "error: stdin:1: a NUL byte at column 29: binary data, not text; "
+        "fix the input or pass --on-bad-utf8 replace"
+    )
 
 
 def test_last_line_without_newline_and_no_input(random_ckpt: Path) -> None:
@@ -152,9 +162,9 @@ def test_bad_checkpoints_and_options_are_clear_errors(tmp_path: Path, random_ckp
     code, _, err = run(["-m", str(corrupt)], "x\n")
     assert code == 1 and "not a readable checkpoint" in err
     code, _, err = run(["-m", str(random_ckpt), "--nbest", "5", "--beam", "4"], "x\n")
-    assert code == 1 and "nbest" in err
+    assert code == 2 and "--nbest must not exceed the beam size (4), got 5" in err
     code, _, err = run(["-m", str(random_ckpt), "-i", str(tmp_path / "nope.txt")])
-    assert code == 1 and "no such input file" in err
+    assert code == 1 and "nope.txt: no such file" in err
 
 
 def test_help_prints_the_length_penalty_formula() -> None:

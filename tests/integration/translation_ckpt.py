@@ -34,13 +34,15 @@ def tiny_vocab() -> VocabPair:
     return VocabPair.from_protos(proto, proto)
 
 
-def tiny_config(vocab: VocabPair, max_positions: int = 40, d_model: int = 32) -> ModelConfig:
+def tiny_config(
+    vocab: VocabPair, max_positions: int = 40, d_model: int = 32, n_heads: int = 2
+) -> ModelConfig:
     return ModelConfig(
         encoder_layers=1,
         decoder_layers=1,
         d_model=d_model,
         d_ff=2 * d_model,
-        n_heads=2,
+        n_heads=n_heads,
         dropout=0.0,
         src_vocab_size=len(vocab.src),
         tgt_vocab_size=len(vocab.tgt),
@@ -60,13 +62,32 @@ def random_checkpoint(
 # The sentences the copy model learns by heart; tests translate only these.
 COPY_POOL = [*sentences(40, seed=5), "the cat", "red dog", "the red cat", "a dog"]
 
+# Too many sentences to learn by heart: a model trained on them copies (or reverses) for
+# real, so the alignment tests can translate sentences it has never seen.
+ALIGN_POOL = sentences(5000, seed=7)
 
-def copy_checkpoint(path: Path, vocab: VocabPair, steps: int = 200) -> Path:
-    """A model trained to copy COPY_POOL, to be decoded exactly by the tests."""
+
+def reverse_words(line: str) -> str:
+    return " ".join(reversed(line.split()))
+
+
+def copy_checkpoint(
+    path: Path,
+    vocab: VocabPair,
+    steps: int = 200,
+    reverse: bool = False,
+    pool: list[str] | None = None,
+) -> Path:
+    """A model trained to copy `pool` (or to reverse its words), to be decoded exactly by
+    the tests. The default pool, COPY_POOL, is learned by heart: such a model may write a
+    word it does not attend to, as it knows the sentence. Trained on a large random pool,
+    it has to copy, and its cross-attention points at the word it writes."""
     torch.manual_seed(0)
     cfg = tiny_config(vocab, d_model=64)
     model = Transformer(cfg)
-    ids = vocab.src.encode(COPY_POOL)
+    sources = COPY_POOL if pool is None else pool
+    targets = [reverse_words(line) if reverse else line for line in sources]
+    pairs = list(zip(vocab.src.encode(sources), vocab.tgt.encode(targets), strict=True))
     opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
     decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (steps - s) / (0.3 * steps)))
     rng = random.Random(0)
@@ -74,15 +95,15 @@ def copy_checkpoint(path: Path, vocab: VocabPair, steps: int = 200) -> Path:
     torch.set_num_threads(1)
     try:
         for _ in range(steps):
-            batch = rng.sample(ids, 32)
-            width = max(len(x) for x in batch) + 1
+            batch = rng.sample(pairs, 32)
+            width = max(max(len(x), len(y)) for x, y in batch) + 1
             src = torch.full((32, width), PAD_ID)
             tgt_in = torch.full((32, width), PAD_ID)
             tgt_out = torch.full((32, width), PAD_ID)
-            for i, x in enumerate(batch):
+            for i, (x, y) in enumerate(batch):
                 src[i, : len(x) + 1] = torch.tensor([*x, EOS_ID])
-                tgt_in[i, : len(x) + 1] = torch.tensor([BOS_ID, *x])
-                tgt_out[i, : len(x) + 1] = torch.tensor([*x, EOS_ID])
+                tgt_in[i, : len(y) + 1] = torch.tensor([BOS_ID, *y])
+                tgt_out[i, : len(y) + 1] = torch.tensor([*y, EOS_ID])
             logits = model(src, tgt_in)
             loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID)
             opt.zero_grad()

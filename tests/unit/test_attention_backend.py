@@ -10,7 +10,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 from nmt_cli.core import transformer as transformer_module
-from nmt_cli.core.attention import ATTENTION_BACKENDS, backend_scope, mask_kind, sdpa_backends
+from nmt_cli.core.attention_kernels import (
+    ATTENTION_BACKENDS,
+    backend_scope,
+    mask_kind,
+    sdpa_backends,
+)
 from nmt_cli.core.transformer import MultiHeadAttention, Transformer
 
 FLASH, EFFICIENT = SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
@@ -111,3 +116,23 @@ def test_a_restricted_kernel_set_gives_the_same_attention(
         got = tiny_model(src, tgt)
     torch.testing.assert_close(got, expected)
     assert {mask for _, mask in seen} == {"padding", "causal"}
+
+
+def test_the_gpu_kernel_scope_compiles_into_one_graph() -> None:
+    """What a GPU's compiled model traces: the policy, its imports and both scopes, with
+    no graph break (the scope is forced as on a GPU; the CPU runs the math kernel)."""
+
+    def attend(q: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        with backend_scope(sdpa_backends("auto", "cuda", q.dtype, mask_kind(key_mask, False))):
+            a = F.scaled_dot_product_attention(q, q, q, attn_mask=key_mask)
+        with backend_scope(sdpa_backends("auto", "cuda", q.dtype, mask_kind(None, True))):
+            b = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return a + b
+
+    q = torch.randn(2, 2, 8, 16)
+    key_mask = torch.ones(2, 1, 1, 8, dtype=torch.bool)
+    key_mask[0, ..., 6:] = False
+    explained = torch._dynamo.explain(attend)(q, key_mask)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    compiled = torch.compile(attend, backend="aot_eager", dynamic=True)
+    torch.testing.assert_close(compiled(q, key_mask), attend(q, key_mask))

@@ -48,7 +48,7 @@ def test_wrong_type_is_refused(tmp_path: Path) -> None:
 
 def test_invariants_are_checked(tmp_path: Path) -> None:
     path = _write(tmp_path / "r.toml", "[model]\nd_model = 100\nn_heads = 8\n")
-    with pytest.raises(ConfigError, match="divisible"):
+    with pytest.raises(ConfigError, match="must divide model.d_model"):
         load_recipe(path)
 
 

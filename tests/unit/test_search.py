@@ -4,7 +4,6 @@ and exact decoding by a tiny model trained here to reverse sequences."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -24,14 +23,7 @@ from nmt_cli.core.transformer import ModelConfig, Transformer
 EOS, A, B = 3, 4, 5
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Decoding tiny models is thousands of tiny operations: one thread is fastest, and on
-    a busy 2-core machine two threads per operation can be 10-100x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 Table = dict[tuple[int, ...], dict[int, float]]

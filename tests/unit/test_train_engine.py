@@ -98,6 +98,10 @@ def test_checkpoints_rotation_metrics_and_schedule(data: Path, tmp_path: Path) -
     # Equation (3) at every step, d_model 32 and warm-up 4.
     lrs = [e.lr for e in events if isinstance(e, StepDone)]
     assert lrs == pytest.approx([paper_learning_rate(s, 32, 4) for s in range(1, 8)])
+    # Every train record (one per step here) carries that step's gradient norm.
+    norms = [e.grad_norm for e in events if isinstance(e, StepDone)]
+    logged = [r["grad_norm"] for r in records if r["type"] == "train"]
+    assert logged == pytest.approx(norms) and all(n > 0 for n in norms)
 
 
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(data: Path, tmp_path: Path) -> None:
@@ -109,7 +113,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(data: Path, tmp_
 
     recipe = tiny_recipe(data, tmp_path / "cut", max_steps=8)
     first = train(recipe, on_event=interrupt_at_step_3)
-    assert first.stopped_by == "signal" and first.steps == 3
+    assert first.stopped_by == "signal" and first.steps == 3 and first.signal == signal.SIGINT
     resumed = train(recipe)
     assert resumed.steps == 8
     a, b = (
@@ -214,15 +218,15 @@ def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
     assert result.final_dev_loss is not None and math.isfinite(result.final_dev_loss)
 
 
-def test_tensorboard_asked_for_but_missing_is_a_notice(data: Path, tmp_path: Path) -> None:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("tensorboard is installed here")
-    events: list[TrainEvent] = []
-    recipe = tiny_recipe(data, tmp_path / "run", max_steps=1, tensorboard=True)
-    assert train(recipe, on_event=events.append).steps == 1
-    notices = [e for e in events if isinstance(e, Notice)]
-    assert any("tensorboard is not installed" in n.text for n in notices)
+def test_tensorboard_missing_is_a_notice_only_when_asked_for(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
+    for setting, warned in ((True, True), ("auto", False)):
+        events: list[TrainEvent] = []
+        run = tmp_path / str(setting)
+        recipe = tiny_recipe(data, run, max_steps=1, tensorboard=setting)
+        assert train(recipe, on_event=events.append).steps == 1
+        notices = [e.text for e in events if isinstance(e, Notice)]
+        assert any("tensorboard is not installed" in n for n in notices) == warned
+        assert not (run / "tensorboard").exists()

@@ -187,7 +187,7 @@ def test_parameter_counts_match_the_paper(changes: dict[str, int], paper: float)
 
 
 def test_bad_settings_are_refused() -> None:
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(ValueError, match="must divide model.d_model"):
         ModelConfig(d_model=30, n_heads=4)
     with pytest.raises(ValueError, match="dropout"):
         ModelConfig(dropout=1.5)

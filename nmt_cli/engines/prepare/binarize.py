@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.data import TokenStoreWriter, smallest_dtype
 from nmt_cli.engines.prepare.layout import Layout
 from nmt_cli.engines.prepare.progress import Progress, step
@@ -64,7 +65,7 @@ def binarize(
     """Encode each split into `out`, calling `on_split` as each one is complete; pairs done."""
     src_proto = (layout.out / inputs.vocabulary.src_model).read_bytes()
     tgt_proto = (layout.out / inputs.vocabulary.tgt_model).read_bytes()
-    workers = inputs.workers or os.cpu_count() or 1
+    workers = inputs.workers or usable_cpus()
     total = 0
     for split, n in inputs.splits.items():
         with step(progress, "binarize", f"binarize {split}", n) as work:

@@ -8,6 +8,7 @@ other settings is refused, while options that cannot change the bytes written (w
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from nmt_cli.engines.prepare.cleaning import CleanRules
 from nmt_cli.engines.prepare.presets import default_direction, default_vocab_size
 from nmt_cli.engines.prepare.sources import SourceRequest
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import UsageError
 from nmt_cli.text_io import BAD_UTF8_CHOICES
 
 if TYPE_CHECKING:  # the recipe config imports torch; prepare itself needs none of it
@@ -37,7 +38,7 @@ class PrepareConfig:
     vocab_size: int = 0  # 0 = the preset's size (8,000 for local data)
     joint_vocab: bool = True  # the paper's shared source-target vocabulary (section 5.1)
     max_len: int = 250
-    max_len_ratio: float = 1.5
+    max_len_ratio: float = 1.5  # the CLI passes the preset's (9 for Multi30k)
     dedup: bool = False
     normalize_punctuation: bool = False
     max_pairs: int = 0  # 0 = all training pairs
@@ -52,18 +53,27 @@ class PrepareConfig:
     force: bool = False
 
     def __post_init__(self) -> None:
-        if self.vocab_size and self.vocab_size < 8:
-            raise NmtError(f"--vocab-size must be at least 8, got {self.vocab_size}")
+        """Option values, refused as usage errors (exit code 2) before any work."""
+        if self.vocab_size < 0 or 0 < self.vocab_size < 8:
+            raise UsageError(
+                f"--vocab-size must be at least 8 (0 = the preset's), got {self.vocab_size}"
+            )
         if self.max_len < 0:
-            raise NmtError(f"--max-len must be >= 0 (0 = no limit), got {self.max_len}")
-        if self.max_len_ratio and self.max_len_ratio < 1.0:
-            raise NmtError(f"--max-len-ratio must be >= 1 (0 = none), got {self.max_len_ratio}")
+            raise UsageError(f"--max-len must be >= 0 (0 = no limit), got {self.max_len}")
+        if not math.isfinite(self.max_len_ratio) or (
+            self.max_len_ratio and self.max_len_ratio < 1.0
+        ):
+            raise UsageError(f"--max-len-ratio must be >= 1 (0 = none), got {self.max_len_ratio}")
         if self.max_pairs < 0:
-            raise NmtError(f"--max-pairs must be >= 0, got {self.max_pairs}")
+            raise UsageError(f"--max-pairs must be >= 0, got {self.max_pairs}")
         if self.on_bad_utf8 not in BAD_UTF8_CHOICES:
-            raise NmtError(f"--on-bad-utf8 must be one of {', '.join(BAD_UTF8_CHOICES)}")
+            raise UsageError(f"--on-bad-utf8 must be one of {', '.join(BAD_UTF8_CHOICES)}")
         if self.vocab_sample_lines < 1000:
-            raise NmtError(f"--vocab-sample-lines must be >= 1000, got {self.vocab_sample_lines}")
+            raise UsageError(f"--vocab-sample-lines must be >= 1000, got {self.vocab_sample_lines}")
+        if not 0 <= self.seed < 2**32:
+            raise UsageError(f"--seed must be in [0, 2**32), got {self.seed}")
+        if self.workers < 0:
+            raise UsageError(f"--workers must be >= 0 (0 = one per CPU), got {self.workers}")
 
     def effective_vocab_size(self) -> int:
         return self.vocab_size or default_vocab_size(self.preset, LOCAL_VOCAB_SIZE)

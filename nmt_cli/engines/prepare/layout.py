@@ -18,6 +18,7 @@ from nmt_cli.data_dir import MANIFEST
 SPLITS = ("train", "valid", "test")  # in the order every stage handles them
 WORK = ".prepare"  # work folder inside the data directory, removed once complete
 STATE = "state.json"
+LOCK = "prepare.lock"  # held while a prepare runs (see nmt_cli/dir_lock.py)
 SIDES = ("src", "tgt")
 VOCAB_MODELS = ("spm.model", "spm.src.model", "spm.tgt.model")
 
@@ -31,6 +32,10 @@ class Layout:
     @property
     def work(self) -> Path:
         return self.out / WORK
+
+    @property
+    def lock_file(self) -> Path:
+        return self.out / LOCK
 
     @property
     def state_file(self) -> Path:
@@ -67,7 +72,7 @@ class Layout:
 
     def only_ours(self) -> bool:
         """Whether everything in `out` is something prepare writes (or a temporary of it)."""
-        names = _our_names()
+        names = _our_names() | {LOCK}
         return all(p.name in names or p.name.endswith(".tmp") for p in self.out.iterdir())
 
     def wipe(self) -> None:

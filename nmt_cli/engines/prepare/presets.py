@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nmt_cli.engines.prepare.demo_corpus import DEMO_SPLITS
+from nmt_cli.engines.prepare.multi30k import MULTI30K
 
 DEMO = "demo"
 DEMO_VOCAB_SIZE = 1000
@@ -64,7 +65,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (_wmt14(a, b) for a, b in _PAIR
 
 
 def preset_names() -> list[str]:
-    return [DEMO, *PRESETS]
+    return [DEMO, *MULTI30K, *PRESETS]
 
 
 def list_presets() -> list[dict[str, str]]:
@@ -73,7 +74,7 @@ def list_presets() -> list[dict[str, str]]:
         {
             "name": DEMO,
             "direction": "en->de",
-            "datasets": "(built in)",
+            "source": "built in",
             "train": f"{DEMO_SPLITS['train']:,}",
             "valid / test": f"{DEMO_SPLITS['valid']} / {DEMO_SPLITS['test']}",
             "vocabulary": f"BPE {DEMO_VOCAB_SIZE:,}",
@@ -81,12 +82,24 @@ def list_presets() -> list[dict[str, str]]:
             "the quickstart corpus",
         }
     ]
+    for m in MULTI30K.values():
+        rows.append(
+            {
+                "name": m.name,
+                "direction": m.direction(),
+                "source": "multi30k/dataset",
+                "train": "29,000",
+                "valid / test": "1,014 / 1,000",
+                "vocabulary": f"BPE {m.vocab_size:,}",
+                "note": f"{m.note}; downloaded and checked (SHA-256), or --from DIR offline",
+            }
+        )
     for p in PRESETS.values():
         rows.append(
             {
                 "name": p.name,
                 "direction": p.direction(),
-                "datasets": f"{p.hf_path} {p.hf_name}",
+                "source": f"{p.hf_path} {p.hf_name}",
                 "train": f"{p.train_pairs:,}",
                 "valid / test": f"{p.valid} / {p.test}",
                 "vocabulary": f"BPE {p.vocab_size:,}",
@@ -101,6 +114,8 @@ def default_vocab_size(preset: str, local: int) -> int:
     """The vocabulary size a preset asks for; `local` for local data (no preset)."""
     if preset == DEMO:
         return DEMO_VOCAB_SIZE
+    if preset in MULTI30K:
+        return MULTI30K[preset].vocab_size
     if preset in PRESETS:
         return PRESETS[preset].vocab_size
     return local
@@ -110,6 +125,13 @@ def default_direction(preset: str) -> tuple[str, str] | None:
     """(src, tgt) of a preset as it is published; None for local data."""
     if preset == DEMO:
         return ("en", "de")
+    if preset in MULTI30K:
+        return (MULTI30K[preset].src, MULTI30K[preset].tgt)
     if preset in PRESETS:
         return (PRESETS[preset].src, PRESETS[preset].tgt)
     return None
+
+
+def default_max_len_ratio(preset: str) -> float:
+    """The length-ratio filter a preset asks for (Moses' 9 for captions), else 1.5."""
+    return MULTI30K[preset].max_len_ratio if preset in MULTI30K else 1.5

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from nmt_cli.data_dir import MANIFEST, open_data_dir
+from nmt_cli.dir_lock import DirLock
 from nmt_cli.engines.prepare.binarize import BinarizeInputs, EncodeCounts, binarize
 from nmt_cli.engines.prepare.cleaning import Cleaned, CleanInputs, clean
 from nmt_cli.engines.prepare.config import PrepareConfig
@@ -62,34 +63,43 @@ class _Reports:
 
 
 def prepare(cfg: PrepareConfig, progress: Progress | None = None) -> PrepareResult:
-    """Run (or resume) every stage that is not yet done; return the manifest and timings."""
+    """Run (or resume) every stage that is not yet done; return the manifest and timings.
+
+    One `nmt prepare` at a time per data directory: a second one is refused while the
+    first holds the directory's lock (two runs would delete each other's work files).
+    """
     layout = Layout(Path(cfg.out))
-    settings = cfg.settings()
-    reports = _Reports(progress or no_progress)
     if cfg.preset and cfg.preset not in preset_names():
         resolve_corpus(cfg.source_request())  # raises the "unknown corpus" error
     if layout.out.exists() and not layout.out.is_dir():
         raise NmtError(f"{layout.out}: exists and is not a directory; choose another --out")
+    created = not layout.out.exists()
+    try:
+        with DirLock(layout.lock_file, "nmt prepare", "--out"):
+            return _prepare_locked(cfg, layout, progress or no_progress)
+    except NmtError:
+        if created:  # nothing of value was made: leave no directory behind
+            shutil.rmtree(layout.out, ignore_errors=True)
+        raise
+
+
+def _prepare_locked(cfg: PrepareConfig, layout: Layout, progress: Progress) -> PrepareResult:
+    settings = cfg.settings()
+    reports = _Reports(progress)
     if (layout.out / MANIFEST).is_file() and not cfg.force:
         return _up_to_date(cfg, layout, settings, reports)
     state = _resume(cfg, layout, settings)
     if state is not None:
         state.forget_missing(layout)
-    created = not layout.out.exists()
     corpus = None
     if state is None or state.cleaned is None:
         corpus = resolve_corpus(cfg.source_request())  # bad input fails before writing
-    try:
-        layout.work.mkdir(parents=True, exist_ok=True)
-        layout.remove_temporaries()
-        if state is None:
-            state = PrepareState(layout.state_file, settings)
-            state.save()
-        return _run_stages(cfg, layout, state, corpus, reports)
-    except NmtError:
-        if created:  # nothing of value was made: leave no directory behind
-            shutil.rmtree(layout.out, ignore_errors=True)
-        raise
+    layout.work.mkdir(parents=True, exist_ok=True)
+    layout.remove_temporaries()
+    if state is None:
+        state = PrepareState(layout.state_file, settings)
+        state.save()
+    return _run_stages(cfg, layout, state, corpus, reports)
 
 
 def _resume(cfg: PrepareConfig, layout: Layout, settings: dict[str, Any]) -> PrepareState | None:

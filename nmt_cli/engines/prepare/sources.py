@@ -9,6 +9,7 @@ prove that path offline.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nmt_cli.engines.prepare.demo_corpus import DEMO_SPLITS, DEMO_VERSION, demo_corpus
+from nmt_cli.engines.prepare.multi30k import DEFAULT_TEST, MULTI30K, Multi30kPreset, fetch_multi30k
 from nmt_cli.engines.prepare.presets import DEMO, PRESETS, Preset, preset_names
 from nmt_cli.errors import NmtError
-from nmt_cli.text_io import LineDecoder, TextPairs, one_line
+from nmt_cli.text_io import LineDecoder, TextPairs, check_readable, one_line
 
 _ROLE_WORDS = {"train": ("train",), "valid": ("valid", "validation", "val", "dev")}
 _ROLE_WORDS["test"] = ("test",)
@@ -64,11 +66,14 @@ class SourceRequest:
 def resolve_corpus(req: SourceRequest) -> Corpus:
     """Turn a request into a streamable corpus, or raise an NmtError saying what is wrong."""
     chosen = [bool(req.preset), bool(req.source), bool(req.files)]
-    if sum(chosen) > 1:
+    local_copy = req.preset in MULTI30K and req.source and not req.files
+    if sum(chosen) > 1 and not local_copy:
         raise NmtError("name one source: a preset, --from PATH, or explicit --train-src files")
     if req.preset:
         if req.preset == DEMO:
             return _demo(req)
+        if req.preset in MULTI30K:
+            return _multi30k(MULTI30K[req.preset], req)
         if req.preset in PRESETS:
             return _preset(PRESETS[req.preset], req)
         raise NmtError(
@@ -128,6 +133,25 @@ def _demo(req: SourceRequest) -> Corpus:
     }
     info = {"kind": "demo", "version": DEMO_VERSION, "sizes": dict(DEMO_SPLITS)}
     return Corpus(src, tgt, splits, info)
+
+
+# --- Multi30k: downloaded files (or a local copy) read as a directory of text ----------
+
+
+def _multi30k(preset: Multi30kPreset, req: SourceRequest) -> Corpus:
+    src, tgt = _direction(req, preset.src, preset.tgt, preset.name)
+    folder = Path(req.source) if req.source else fetch_multi30k(src, tgt, req.cache_dir)
+    local = dataclasses.replace(
+        req, preset="", src=src, tgt=tgt, test_split=req.test_split or DEFAULT_TEST
+    )
+    corpus = _local_path(folder, local)
+    info = {
+        "kind": "preset",
+        "name": preset.name,
+        "from": str(folder.resolve()) if req.source else "download",
+        "files": corpus.info["files"],
+    }
+    return dataclasses.replace(corpus, info=info)
 
 
 # --- datasets (Hub presets and local files) ------------------------------------------------
@@ -315,10 +339,13 @@ def _pick_roles(
 
 
 def _text_stems(path: Path, lang: str) -> dict[str, Path]:
-    """{stem: file} for files named STEM.LANG or STEM.LANG.gz."""
+    """{stem: file} for files named STEM.LANG, or STEM.LANG.gz (.xz, .bz2): the reader
+    recognises compression by content, the suffix only names the file."""
     out: dict[str, Path] = {}
     for f in sorted(path.iterdir()):
-        name = f.name[:-3] if f.name.endswith(".gz") else f.name
+        name = f.name
+        for suffix in (".gz", ".xz", ".bz2"):
+            name = name.removesuffix(suffix)
         stem, dot, suffix = name.rpartition(".")
         if dot and suffix == lang and f.is_file():
             out[stem] = f
@@ -360,8 +387,7 @@ def _explicit_files(req: SourceRequest) -> Corpus:
     splits: dict[str, SplitSource] = {}
     for split, src_path, tgt_path in req.files:
         for p in (src_path, tgt_path):
-            if not Path(p).is_file():
-                raise NmtError(f"{p}: no such file")
+            check_readable(p)
         splits[split] = TextPairs(Path(src_path), Path(tgt_path), decoder)
     _require_train_valid(splits, "the command line")
     files = {split: [str(Path(a).resolve()), str(Path(b).resolve())] for split, a, b in req.files}

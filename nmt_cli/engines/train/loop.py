@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nmt_cli.config import RecipeConfig
 from nmt_cli.core.batching import EpochPlan
 from nmt_cli.core.checkpoint import load_checkpoint, model_state
+from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.flops import matmul_rate
 from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.precision import dtype_of, resolve_precision
@@ -37,6 +38,7 @@ from nmt_cli.core.schedule import paper_adam, paper_learning_rate
 from nmt_cli.core.transformer import ModelConfig, Transformer, count_parameters
 from nmt_cli.core.vocab import PAD_ID, VocabPair
 from nmt_cli.data_dir import open_data_dir
+from nmt_cli.engines.attention import attention_of
 from nmt_cli.engines.train.checkpoints import (
     CheckpointKeeper,
     Position,
@@ -44,9 +46,10 @@ from nmt_cli.engines.train.checkpoints import (
     restore_train_state,
     train_state,
 )
+from nmt_cli.engines.train.data_record import data_record, reconcile, refuse_other_data
 from nmt_cli.engines.train.device_choices import choose
 from nmt_cli.engines.train.distributed import DistContext, LaunchSpec, check_devices, launch
-from nmt_cli.engines.train.events import TrainStarted
+from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
 from nmt_cli.engines.train.report import EventSink, Reporter
 from nmt_cli.engines.train.run_dir import RunDir
@@ -80,6 +83,7 @@ class TrainResult:
     stopped_by: str  # max_steps, max_epochs, max_time or signal
     skipped_updates: int
     rank: int = 0  # under torchrun every rank returns; only rank 0 should report
+    signal: int = 0  # with stopped_by == "signal": its number (SIGINT 2, SIGTERM 15)
 
 
 def model_config_for(recipe: RecipeConfig, vocab: VocabPair) -> ModelConfig:
@@ -104,15 +108,24 @@ def train(
     spec = LaunchSpec(options.gpus, options.procs, options.dist_timeout_s)
     check_devices(spec)
     run = RunDir(options.run_dir or recipe.train.run_dir)
+    if run.root.exists() and not run.root.is_dir():
+        raise NmtError(f"{run.root}: exists and is not a directory; choose another --run-dir")
     # Checks that would fail identically on every rank run once, here, with one message.
     data = open_data_dir(recipe.data.dir)
+    reconciled = reconcile(recipe, data)
+    recipe = reconciled.recipe
     cfg = model_config_for(recipe, data.vocab)
     if run.last.is_file():
         check_resumable(load_checkpoint(run.last), cfg, data.vocab, run.last)
+        refuse_other_data(run, data)
     is_rank0 = int(os.environ.get("RANK", "0")) == 0
     if is_rank0:
         run.acquire_lock()
         run.remove_partial_writes()  # safe: the lock says no other writer is alive
+        for text in reconciled.warnings:
+            run.log(f"warning: {text}")
+            if on_event is not None:
+                on_event(Notice(text, warning=True))
     try:
         result: TrainResult = launch(spec, _train_rank, (recipe, run.root, options), (on_event,))
         return result
@@ -205,6 +218,7 @@ class _Trainer:
             else None
         )
         self.final_dev: DevFigures | None = None
+        self.stop_signal = 0  # the signal that stopped the loop, if one did
 
     def save(self, validate: bool) -> None:
         """Rank 0: a step checkpoint (with dev figures, best) when `validate`, then last.pt."""
@@ -219,6 +233,10 @@ class _Trainer:
             figures = self.validator() if self.validator is not None else None
             step_path, best = self.keeper.save_step(weights, self.pos, figures)
             self.final_dev = figures
+            if self.validator is not None and self.report.draws_attention:
+                sample = self.validator.dev.sample()
+                maps = attention_of(self.model, self.data.vocab, sample, self.recipe.decode)
+                self.report.attention(maps, self.pos.step)
         state = train_state(
             self.optimizer,
             self.updater.scaler,
@@ -297,11 +315,10 @@ class _Trainer:
                     elapsed_s=self.pos.elapsed_s,
                     skipped=self.pos.skipped,
                 )
-                flags = policy.local_flags(
-                    self.pos.elapsed_s, stop.signal is not None, self.ctx.is_main
-                )
+                flags = policy.local_flags(self.pos.elapsed_s, stop.signal, self.ctx.is_main)
                 decision = policy.decide(self.ctx.all_max(flags), self.pos.step, stats.skipped)
                 if decision.stop == "signal":
+                    self.stop_signal = decision.signum
                     self.save(validate=False)
                     self.report.notice("interrupted: saved checkpoints/last.pt; rerun to resume")
                     return "signal"
@@ -365,7 +382,8 @@ def _set_threads(recipe: RecipeConfig, ctx: DistContext) -> None:
     if ctx.device.type != "cpu":
         return
     local_procs = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world)))
-    threads = recipe.train.threads or max(1, (os.cpu_count() or 1) // local_procs)
+    # the CPUs this process may use (affinity and cgroup quota), shared by the local ranks
+    threads = recipe.train.threads or max(1, usable_cpus() // local_procs)
     torch.set_num_threads(threads)
 
 
@@ -384,8 +402,10 @@ def _train_rank(
     trainer = _Trainer(ctx, recipe, run, reporter, options.max_nonfinite)
     if ctx.is_main:
         run.write_vocab(trainer.data.vocab)
+        run.write_data_record(data_record(trainer.data))
     try:
         stopped_by = trainer.loop()
+        reporter.finished(stopped_by, trainer.pos.step, trainer.stop_signal)
     finally:
         reporter.close()
     return TrainResult(
@@ -399,4 +419,5 @@ def _train_rank(
         stopped_by=stopped_by,
         skipped_updates=trainer.pos.skipped,
         rank=ctx.rank,
+        signal=trainer.stop_signal,
     )

@@ -2,8 +2,9 @@
 
 Only rank 0 reports. Events go to the caller's `on_event` (the CLI draws them, `nmt run`
 and tests consume them); log records go to `metrics.jsonl` every `log_interval_steps`
-updates and at every validation, and to TensorBoard when the recipe asks for it and it
-is installed.
+updates and at every validation, and to TensorBoard when it is installed (unless the
+recipe says `train.tensorboard = false`): the same scalars, plus at every validation the
+attention of one fixed dev sentence as images, one per layer of each attention kind.
 """
 
 from __future__ import annotations
@@ -11,24 +12,34 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nmt_cli.config import TrainConfig
-from nmt_cli.engines.train.events import CheckpointSaved, Notice, StepDone, TrainEvent
+from nmt_cli.engines.train.events import (
+    CheckpointSaved,
+    Notice,
+    StepDone,
+    TrainEvent,
+    TrainStarted,
+)
 from nmt_cli.engines.train.run_dir import RunDir
 from nmt_cli.engines.train.step import UpdateStats
 from nmt_cli.engines.train.validate import DevFigures
+
+if TYPE_CHECKING:
+    from nmt_cli.engines.attention import AttentionMaps
 
 EventSink = Callable[[TrainEvent], None]
 
 
 class Meter:
-    """Throughput over the last 20 updates, and loss sums since the last metrics record."""
+    """Throughput over the last 20 updates, and loss and gradient-norm sums since the last
+    metrics record."""
 
     def __init__(self) -> None:
         self.window: deque[tuple[float, int]] = deque(maxlen=20)
-        self.loss = self.nll = 0.0
-        self.tokens = 0
+        self.loss = self.nll = self.grad_norm = 0.0
+        self.tokens = self.updates = 0
 
     def add(self, seconds: float, update_tokens: int, stats: UpdateStats) -> None:
         self.window.append((seconds, update_tokens))
@@ -36,6 +47,8 @@ class Meter:
             self.loss += stats.loss_sum
             self.nll += stats.nll_sum
             self.tokens += stats.tokens
+            self.grad_norm += stats.grad_norm
+            self.updates += 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -45,12 +58,14 @@ class Meter:
     def seconds_per_update(self) -> float:
         return sum(t for t, _ in self.window) / max(len(self.window), 1)
 
-    def take(self) -> tuple[float, float]:
-        """(loss, nll) per token since the last call."""
+    def take(self) -> tuple[float, float, float]:
+        """(loss, nll) per token and the mean gradient norm (before clipping) of the
+        updates since the last call."""
         loss, nll = self.loss / self.tokens, self.nll / self.tokens
-        self.loss = self.nll = 0.0
-        self.tokens = 0
-        return loss, nll
+        grad_norm = self.grad_norm / max(self.updates, 1)
+        self.loss = self.nll = self.grad_norm = 0.0
+        self.tokens = self.updates = 0
+        return loss, nll, grad_norm
 
 
 class Reporter:
@@ -65,8 +80,34 @@ class Reporter:
         self.tensorboard: Any = None
 
     def emit(self, event: TrainEvent) -> None:
+        if self.is_main:
+            self._log_event(event)
         if self.on_event is not None:
             self.on_event(event)
+
+    def _log_event(self, event: TrainEvent) -> None:
+        """train.log: what a person watching the terminal would have read (every event
+        but the per-update ones, which metrics.jsonl and the log interval cover)."""
+        if isinstance(event, TrainStarted):
+            what = f"resuming at step {event.start_step:,}" if event.start_step else "starting"
+            self.run.log(
+                f"{what}: {event.device}, {event.threads} thread(s), {event.precision}, "
+                f"{event.parameters:,} parameters, {event.train_pairs:,} training pairs, "
+                f"batch {event.split.describe()}"
+            )
+        elif isinstance(event, CheckpointSaved):
+            where = event.path.name if event.path is not None else "last.pt"
+            dev = f", dev loss {event.dev_loss:.4f}" if event.dev_loss is not None else ""
+            bleu = f", dev BLEU {event.dev_bleu:.2f}" if event.dev_bleu is not None else ""
+            best = " (best)" if event.best else ""
+            self.run.log(f"step {event.step:,}: saved {where}{dev}{bleu}{best}")
+        elif isinstance(event, Notice):
+            self.run.log(("warning: " if event.warning else "") + event.text)
+
+    def finished(self, stopped_by: str, step: int, signum: int = 0) -> None:
+        if self.is_main:
+            why = f"signal {signum}" if stopped_by == "signal" and signum else stopped_by
+            self.run.log(f"stopped at step {step:,} by {why.replace('_', ' ')}")
 
     def notice(self, text: str, warning: bool = False) -> None:
         self.emit(Notice(text, warning))
@@ -77,18 +118,45 @@ class Reporter:
         self.log({"type": "compile", "step": step, "first_update_s": seconds})
 
     def open_tensorboard(self) -> None:
-        if not (self.is_main and self.tc.tensorboard):
+        """Into `<run>/tensorboard` when tensorboard is installed; "auto" (the default)
+        passes over its absence in silence, `true` warns."""
+        if not self.is_main or self.tc.tensorboard is False:
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            self.notice(
-                "train.tensorboard is set but tensorboard is not installed; "
-                "metrics.jsonl has the same figures",
-                warning=True,
-            )
+            if self.tc.tensorboard is True:
+                self.notice(
+                    "train.tensorboard is set but tensorboard is not installed "
+                    "(pip install 'nmt-cli[tensorboard]'); metrics.jsonl has the same figures",
+                    warning=True,
+                )
             return
         self.tensorboard = SummaryWriter(str(self.run.root / "tensorboard"))
+
+    @property
+    def draws_attention(self) -> bool:
+        return self.tensorboard is not None
+
+    def attention(self, maps: AttentionMaps, step: int) -> None:
+        """One dev sentence's attention at `step`: an image per layer of each kind (heads
+        side by side), and the translation and the tokens as text."""
+        if self.tensorboard is None:
+            return
+        from nmt_cli.engines.pictures.tensorboard_images import heads_image, tokens_text
+
+        tb = self.tensorboard
+        tb.add_text("attention/translation", f"{maps.source_text}  \n→ {maps.translation}", step)
+        for kind, weights, rows, cols in (
+            ("encoder", maps.encoder, maps.source, maps.source),
+            ("decoder", maps.decoder, maps.target, maps.decoder_inputs),
+            ("cross", maps.cross, maps.target, maps.source),
+        ):
+            tb.add_text(f"attention/{kind}/tokens", tokens_text(rows, cols), step)
+            for layer in range(weights.shape[0]):
+                tb.add_image(
+                    f"attention/{kind}/layer{layer + 1}", heads_image(weights[layer]), step
+                )
 
     def close(self) -> None:
         if self.tensorboard is not None:
@@ -99,6 +167,11 @@ class Reporter:
         if not self.is_main:
             return
         self.run.append_metrics(record)
+        if record.get("type") == "train":
+            self.run.log(
+                f"step {record['step']:,}: loss {record['loss']:.4f}, ppl {record['ppl']:.2f}, "
+                f"lr {record['lr']:.3g}, {record['tokens_per_s']:,.0f} tok/s"
+            )
         if self.tensorboard is not None:
             for key, value in record.items():
                 if key not in ("type", "step") and isinstance(value, int | float):
@@ -135,7 +208,7 @@ class Reporter:
         )
         log_every = self.tc.log_interval_steps
         if log_every and step % log_every == 0 and self.meter.tokens:
-            loss, nll = self.meter.take()
+            loss, nll, grad_norm = self.meter.take()
             self.log(
                 {
                     "type": "train",
@@ -145,6 +218,7 @@ class Reporter:
                     "nll": nll,
                     "ppl": math.exp(min(nll, 100.0)),
                     "lr": lr,
+                    "grad_norm": grad_norm,
                     "tokens_per_s": self.meter.tokens_per_s,
                     "elapsed_s": elapsed_s,
                 }

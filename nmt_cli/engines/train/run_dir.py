@@ -1,6 +1,10 @@
 """The run directory that `nmt train` writes, and the lock that keeps it to one trainer.
 
-    config.json                   the resolved recipe this run was started (or resumed) with
+    config.json                   the resolved recipe this run was started (or resumed) with,
+                                  its [data] as the data directory has it
+    data.json                     the data directory's languages, vocabulary, counts and
+                                  checksums (see data_record.py)
+    train.log                     what the run said, one time-stamped line each
     spm.model                     the vocabulary (spm.src.model + spm.tgt.model when separate)
     checkpoints/step_XXXXXXXX.pt  inference checkpoints; the last `keep_last` are kept for
                                   averaging (the paper averages the last 5 or 20)
@@ -16,25 +20,22 @@ leaves each file either as it was or complete.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from nmt_cli.core.files import atomic_path, atomic_write_bytes, atomic_write_text
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.errors import NmtError
+from nmt_cli.dir_lock import DirLock, DirLocked
 
 _STEP_FILE = re.compile(r"^step_(\d{8,})\.pt$")
 
 
-class RunDirLocked(NmtError):
-    """Another live `nmt train` is using the run directory."""
+RunDirLocked = DirLocked  # another live `nmt train` is using the run directory
 
 
 class RunDir:
@@ -97,6 +98,22 @@ class RunDir:
     def write_config(self, recipe: dict[str, Any]) -> None:
         atomic_write_text(self.root / "config.json", json.dumps(recipe, indent=2) + "\n")
 
+    @property
+    def data_record(self) -> Path:
+        return self.root / "data.json"
+
+    def write_data_record(self, record: dict[str, Any]) -> None:
+        atomic_write_text(self.data_record, json.dumps(record, indent=2) + "\n")
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "train.log"
+
+    def log(self, text: str) -> None:
+        """One time-stamped line in train.log, appended in one write (like metrics)."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._append(self.log_file, f"{stamp}  {text}\n")
+
     def write_vocab(self, vocab: VocabPair) -> None:
         if vocab.joint:
             atomic_write_bytes(self.root / "spm.model", vocab.src.model_proto)
@@ -105,12 +122,14 @@ class RunDir:
             atomic_write_bytes(self.root / "spm.tgt.model", vocab.tgt.model_proto)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
+        self._append(self.metrics, json.dumps(record) + "\n")
+
+    def _append(self, path: Path, line: str) -> None:
         """One line, written with a single append so a kill never interleaves records."""
         self.root.mkdir(parents=True, exist_ok=True)
-        line = (json.dumps(record) + "\n").encode("utf-8")
-        fd = os.open(self.metrics, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, line)
+            os.write(fd, line.encode("utf-8"))
         finally:
             os.close(fd)
 
@@ -131,63 +150,12 @@ class RunDir:
 
     # -- lock -----------------------------------------------------------------------------
 
+    def _lock(self) -> DirLock:
+        return DirLock(self.lock_file, "nmt train", "--run-dir")
+
     def acquire_lock(self) -> None:
-        """Create the lock file with our pid; take over a lock whose process is gone."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        host = socket.gethostname()
-        for _ in range(50):
-            try:
-                fd = os.open(self.lock_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                owner = self._lock_owner()
-                if owner is None and _age_seconds(self.lock_file) < 10:
-                    time.sleep(0.1)  # just created by a process that is writing its pid
-                    continue
-                if owner is not None and owner != (os.getpid(), host):
-                    pid, owner_host = owner
-                    if owner_host != host or _alive(pid):
-                        raise RunDirLocked(
-                            f"{self.root} is in use by another nmt train (pid {pid} on "
-                            f"{owner_host}); stop it, or train into another --run-dir. If that "
-                            f"process is gone, delete {self.lock_file}"
-                        ) from None
-                with contextlib.suppress(FileNotFoundError):
-                    self.lock_file.unlink()  # stale: its process is dead
-                continue
-            with os.fdopen(fd, "w") as fh:
-                fh.write(f"{os.getpid()} {host}\n")
-            return
-        raise RunDirLocked(f"{self.lock_file}: could not take the lock; try again")
+        """Take the run directory's lock (see nmt_cli/dir_lock.py)."""
+        self._lock().acquire()
 
     def release_lock(self) -> None:
-        if self._lock_owner() == (os.getpid(), socket.gethostname()):
-            self.lock_file.unlink(missing_ok=True)
-
-    def _lock_owner(self) -> tuple[int, str] | None:
-        try:
-            pid_text, _, host = self.lock_file.read_text().strip().partition(" ")
-            return int(pid_text), host
-        except (OSError, ValueError):
-            return None
-
-
-def _age_seconds(path: Path) -> float:
-    try:
-        return time.time() - path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (dead, not yet reaped) still answers kill(0); treat it as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+        self._lock().release()

@@ -61,6 +61,7 @@ class Decision:
 
     stop: str | None  # "signal", "max_steps", "max_time", or None to go on
     save: bool  # write a step checkpoint (with validation) now
+    signum: int = 0  # with stop == "signal": which signal (the highest, over ranks)
 
 
 class StopPolicy:
@@ -73,23 +74,24 @@ class StopPolicy:
     def finished_before_start(self, step: int) -> bool:
         return bool(self.tc.max_steps and step >= self.tc.max_steps)
 
-    def local_flags(self, elapsed_s: float, signalled: bool, is_main: bool) -> list[float]:
-        """This rank's (signal, save due by time, out of time) flags, to be max-reduced
-        over ranks before `decide`."""
+    def local_flags(self, elapsed_s: float, signalled: int | None, is_main: bool) -> list[float]:
+        """This rank's (signal number or 0, save due by time, out of time) flags, to be
+        max-reduced over ranks before `decide`; the signal number travels so that every
+        rank exits with the code of the signal that stopped the run."""
         tc = self.tc
         time_due = bool(
             tc.save_interval_minutes
             and time.monotonic() - self._last_save >= tc.save_interval_minutes * 60
         )
         out_of_time = bool(tc.max_time_minutes and elapsed_s >= tc.max_time_minutes * 60)
-        return [float(signalled), float(time_due and is_main), float(out_of_time and is_main)]
+        return [float(signalled or 0), float(time_due and is_main), float(out_of_time and is_main)]
 
     def decide(self, flags: list[float], step: int, skipped: bool) -> Decision:
         """`flags`: the max over ranks of `local_flags`."""
         signalled, time_due, out_of_time = (bool(f) for f in flags)
         tc = self.tc
         if signalled:
-            return Decision("signal", save=False)
+            return Decision("signal", save=False, signum=int(flags[0]))
         if tc.max_steps and step >= tc.max_steps:
             return Decision("max_steps", save=False)
         if out_of_time:

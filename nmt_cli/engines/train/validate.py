@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -50,6 +51,15 @@ class DevSet:
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def sample(self, longest: int = 30) -> list[int]:
+        """The source ids of the dev sentence whose attention TensorBoard shows at every
+        validation: the first of at most `longest` tokens (small enough to read), else
+        the shortest."""
+        lengths = self.src.lengths
+        fits = np.flatnonzero(lengths <= longest)
+        index = int(fits[0]) if fits.size else int(np.argmin(lengths))
+        return [int(i) for i in self.src[index]]
 
 
 @torch.no_grad()

@@ -13,22 +13,24 @@ d_k != d_v in flash), so no model of Table 3 fails.
 
 On a CPU PyTorch's own choice stands: CPU training and single-query decoding do not call
 SDPA at all (the written-out form is faster there, see `transformer.py`).
+
+The policy names load without torch (the recipe's settings check them); the functions
+that need torch import it when called.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
+if TYPE_CHECKING:
+    import torch
+    from torch.nn.attention import SDPBackend
 
 AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 MaskKind = Literal["none", "causal", "padding"]
 
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "efficient", "cudnn", "math")
-
-_LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def sdpa_backends(
@@ -46,9 +48,12 @@ def sdpa_backends(
     check_policy(policy)
     if device_type != "cuda":
         return None
+    import torch
+    from torch.nn.attention import SDPBackend
+
     if policy == "math":
         return [SDPBackend.MATH]
-    flash_fits = dtype in _LOW_PRECISION and mask != "padding"
+    flash_fits = dtype in (torch.bfloat16, torch.float16) and mask != "padding"
     chosen: list[SDPBackend] = []
     if policy == "cudnn":
         chosen.append(SDPBackend.CUDNN_ATTENTION)
@@ -76,4 +81,6 @@ def backend_scope(backends: list[SDPBackend] | None) -> contextlib.AbstractConte
     """A context that lets SDPA choose only among `backends` (nothing when None)."""
     if backends is None:
         return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel
+
     return sdpa_kernel(backends)

@@ -1,0 +1,305 @@
+"""`nmt sweep`: a grid of variants of one recipe, each a full `nmt run`, in the shape of
+the paper's Table 3 ("Variations on the Transformer architecture", section 6.2).
+
+A sweep file names a base recipe, overrides applied to every row, and the rows:
+
+    [sweep]
+    recipe = "multi30k-en-de.toml"       # relative to the sweep file
+    runs_dir = "runs/table3-multi30k"    # one run directory per row below it
+    set = ["train.max_steps=400"]        # every row
+    [[sweep.rows]]
+    name = "base"
+    [[sweep.rows]]
+    name = "A h=1"
+    set = ["model.n_heads=1", "model.d_k=256", "model.d_v=256"]
+
+The data is prepared once; then each row runs `nmt run --from train` as its own process,
+`jobs` at a time (one per GPU, or the CPU cores shared out, one thread each by default),
+writing its log beside its run directory. A row whose results are complete is skipped,
+and an interrupted row resumes from its last checkpoint, so rerunning the sweep carries
+on where it stopped. Each row is scored as Table 3 is: dev perplexity at the last
+validation, and dev and test BLEU of the last checkpoint with beam search (the paper
+used no checkpoint averaging for Table 3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.config import ConfigError, RecipeConfig, load_recipe
+from nmt_cli.core.files import atomic_write_text
+from nmt_cli.data_dir import open_data_dir
+from nmt_cli.engines.run import RESULTS, RunOptions, run_recipe
+from nmt_cli.engines.score import ScoreSettings, score_lines
+from nmt_cli.errors import NmtError
+
+SWEEP_RESULTS = "sweep.json"
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    name: str
+    overrides: tuple[str, ...] = ()
+
+    @property
+    def slug(self) -> str:
+        """The row's run directory name: its name with anything unusual replaced."""
+        return re.sub(r"[^A-Za-z0-9._=-]+", "_", self.name).strip("_") or "row"
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    source: Path  # the sweep file
+    recipe: Path  # the base recipe
+    runs_dir: Path
+    overrides: tuple[str, ...]  # applied to every row, before the row's own
+    rows: tuple[SweepRow, ...]
+
+    def row_overrides(self, row: SweepRow) -> list[str]:
+        run_dir = self.runs_dir / row.slug
+        return [*self.overrides, *row.overrides, f"train.run_dir={json.dumps(str(run_dir))}"]
+
+    def row_recipe(self, row: SweepRow) -> RecipeConfig:
+        return load_recipe(self.recipe, self.row_overrides(row))
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    jobs: int = 0  # rows at once; 0 = one per GPU, or one per CPU core
+    gpus: int = 0  # GPUs available to the sweep; each job trains on one
+    extra_overrides: tuple[str, ...] = ()  # --set on the command line, for every row
+
+    def __post_init__(self) -> None:
+        if self.jobs < 0 or self.gpus < 0:
+            raise NmtError("--jobs and --gpus must not be negative")
+
+
+@dataclass
+class RowResult:
+    """One line of the table: the variant's settings and what it scored."""
+
+    name: str
+    run_dir: str
+    encoder_layers: int
+    decoder_layers: int
+    d_model: int
+    d_ff: int
+    n_heads: int
+    d_k: int
+    d_v: int
+    dropout: float
+    label_smoothing: float
+    positions: str
+    steps: int = 0
+    parameters: int = 0
+    dev_ppl: float | None = None
+    dev_bleu: float | None = None
+    test_bleu: float | None = None  # the last checkpoint, as Table 3
+    test_bleu_averaged: float | None = None
+    train_flops: float = 0.0
+    device_flops: float = 0.0
+    status: str = "pending"  # done, skipped (complete before), failed: ...
+
+
+@dataclass
+class SweepResult:
+    plan: SweepPlan
+    rows: list[RowResult] = field(default_factory=list)
+
+
+def load_sweep(path: str | Path) -> SweepPlan:
+    """Read and check a sweep file: every row's recipe must load before anything runs."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NmtError(f"{path}: no such sweep file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise NmtError(f"{path}: not a valid TOML file: {exc}") from None
+    sweep = raw.get("sweep")
+    if not isinstance(sweep, dict):
+        raise NmtError(f"{path}: no [sweep] table; see recipes/sweeps/table3-multi30k.toml")
+    unknown = set(sweep) - {"recipe", "runs_dir", "set", "rows", "description"}
+    if unknown:
+        raise NmtError(f"{path}: unknown sweep key(s) {', '.join(sorted(unknown))}")
+    recipe, runs_dir = sweep.get("recipe"), sweep.get("runs_dir")
+    if not isinstance(recipe, str) or not isinstance(runs_dir, str):
+        raise NmtError(f"{path}: sweep.recipe and sweep.runs_dir must be strings")
+    rows_raw = sweep.get("rows")
+    if not isinstance(rows_raw, list) or not rows_raw:
+        raise NmtError(f"{path}: sweep.rows must list at least one [[sweep.rows]] table")
+    rows = []
+    for i, row in enumerate(rows_raw, start=1):
+        if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+            raise NmtError(f"{path}: sweep row {i} needs a name")
+        rows.append(SweepRow(row["name"], _strings(row.get("set", []), path, f"row {i} set")))
+    slugs = [r.slug for r in rows]
+    if len(set(slugs)) != len(slugs):
+        raise NmtError(f"{path}: two rows share a run directory name; rename one")
+    plan = SweepPlan(
+        source=path,
+        recipe=path.parent / recipe,
+        runs_dir=Path(runs_dir),
+        overrides=_strings(sweep.get("set", []), path, "sweep.set"),
+        rows=tuple(rows),
+    )
+    for row in plan.rows:
+        try:
+            plan.row_recipe(row)
+        except ConfigError as exc:
+            raise NmtError(f"{path}: row {row.name!r}: {exc}") from None
+    return plan
+
+
+def _strings(value: Any, path: Path, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise NmtError(f'{path}: {what} must be a list of "section.key=value" strings')
+    return tuple(value)
+
+
+Notify = Callable[[str, RowResult], None]
+
+
+def run_sweep(
+    plan: SweepPlan, options: SweepOptions | None = None, notify: Notify | None = None
+) -> SweepResult:
+    """Prepare once, run every row (skipping complete ones), and collect the table."""
+    options = options or SweepOptions()
+    if options.extra_overrides:
+        plan = SweepPlan(
+            plan.source,
+            plan.recipe,
+            plan.runs_dir,
+            (*plan.overrides, *options.extra_overrides),
+            plan.rows,
+        )
+    first = plan.row_recipe(plan.rows[0])
+    run_recipe(first, RunOptions(until_stage="prepare"))
+    jobs, threads = _layout(options)
+    result = SweepResult(plan, [_describe(plan, row) for row in plan.rows])
+
+    def work(index: int) -> None:
+        row, out = plan.rows[index], result.rows[index]
+        try:
+            out.status = _run_row(plan, row, options, index % jobs, threads)
+            _collect(plan.row_recipe(row), out)
+        except NmtError as exc:
+            out.status = f"failed: {exc}"
+        if notify is not None:
+            notify(row.name, out)
+
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(work, range(len(plan.rows))))
+    write_results(result)
+    return result
+
+
+def _layout(options: SweepOptions) -> tuple[int, int]:
+    """(rows at once, CPU threads per row)."""
+    if options.gpus:
+        return options.jobs or options.gpus, 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    jobs = options.jobs or cores
+    return jobs, max(1, cores // jobs)
+
+
+def _describe(plan: SweepPlan, row: SweepRow) -> RowResult:
+    recipe = plan.row_recipe(row)
+    m = recipe.model
+    return RowResult(
+        name=row.name,
+        run_dir=recipe.train.run_dir,
+        encoder_layers=m.encoder_layers,
+        decoder_layers=m.decoder_layers,
+        d_model=m.d_model,
+        d_ff=m.d_ff,
+        n_heads=m.n_heads,
+        d_k=m.head_dim_k,
+        d_v=m.head_dim_v,
+        dropout=m.dropout,
+        label_smoothing=recipe.train.label_smoothing,
+        positions=m.positions,
+    )
+
+
+def _run_row(plan: SweepPlan, row: SweepRow, options: SweepOptions, slot: int, threads: int) -> str:
+    """`nmt run --from train` for one row in its own process; its output goes to a log
+    beside the run directory. Returns the row's status."""
+    recipe = plan.row_recipe(row)
+    run_dir = Path(recipe.train.run_dir)
+    results = run_dir / RESULTS
+    if results.is_file() and (run_dir / "dev.last.hyp").is_file():
+        return "skipped (complete)"
+    overrides = plan.row_overrides(row)
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "nmt_cli", "run", str(plan.recipe), "--from", "train"]
+    if options.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(slot)
+        cmd += ["--gpus", "1"]
+    else:
+        overrides += [f"train.threads={threads}", f"decode.threads={threads}"]
+    for item in overrides:
+        cmd += ["--set", item]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "sweep.log", "ab") as log:
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    if done.returncode != 0:
+        raise NmtError(f"nmt run exited with {done.returncode}; see {run_dir / 'sweep.log'}")
+    _translate_dev(recipe, run_dir, threads, env if options.gpus else None)
+    return "done"
+
+
+def _translate_dev(
+    recipe: RecipeConfig, run_dir: Path, threads: int, env: dict[str, str] | None
+) -> None:
+    """The dev set with the last checkpoint and the recipe's beam search, for dev BLEU."""
+    source = open_data_dir(recipe.data.dir).raw_text("valid", "src")
+    out = run_dir / "dev.last.hyp"
+    d = recipe.decode
+    cmd = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(run_dir / "checkpoints/last.pt")]
+    cmd += ["-i", str(source), "-o", str(out), "--quiet", "--threads", str(threads)]
+    cmd += ["--beam", str(d.beam_size), "--alpha", str(d.length_penalty)]
+    cmd += ["--max-len-a", str(d.max_len_a), "--max-len-b", str(d.max_len_b)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise NmtError(f"translating the dev set failed: {done.stderr.strip()[-300:]}")
+
+
+def _collect(recipe: RecipeConfig, out: RowResult) -> None:
+    """Fill a row from its run directory: results.json, the dev translation."""
+    run_dir = Path(recipe.train.run_dir)
+    results = json.loads((run_dir / RESULTS).read_text(encoding="utf-8"))
+    out.steps = int(results.get("steps", 0))
+    out.parameters = int(results.get("parameters", 0))
+    out.dev_ppl = results.get("dev_ppl")
+    out.train_flops = float(results.get("train_flops", 0.0))
+    out.device_flops = float(results.get("device_flops", 0.0))
+    for system in results.get("systems", []):
+        if system["system"] == "last":
+            out.test_bleu = float(system["bleu"])
+        elif system["system"].startswith("averaged"):
+            out.test_bleu_averaged = float(system["bleu"])
+    data = open_data_dir(recipe.data.dir)
+    refs = data.raw_text("valid", "tgt").read_text(encoding="utf-8").splitlines()
+    hyps = (run_dir / "dev.last.hyp").read_text(encoding="utf-8").splitlines()
+    settings = ScoreSettings(paper=False, lang=data.tgt_lang)
+    out.dev_bleu = score_lines(hyps, [refs], settings, names=["dev", "ref"]).bleu.score
+
+
+def write_results(result: SweepResult) -> Path:
+    path = result.plan.runs_dir / SWEEP_RESULTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"sweep": str(result.plan.source), "rows": [asdict(r) for r in result.rows]}
+    atomic_write_text(path, json.dumps(body, indent=2) + "\n")
+    return path
