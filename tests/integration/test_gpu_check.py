@@ -28,12 +28,13 @@ from nmt_cli.engines.train import train
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
 
-# A GPU machine's python may lack these; nothing the check runs may import them.
+# A GPU machine's python may lack these (torch, numpy, typer, rich, sentencepiece and
+# sacrebleu only); nothing the check runs may need them.
 BLOCKER = """
 import sys
 class _Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("sacremoses", "datasets"):
+        if name.split(".")[0] in ("sacremoses", "datasets", "matplotlib", "tensorboard"):
             raise ImportError(name + " is not installed here")
         return None
 sys.meta_path.insert(0, _Block())
