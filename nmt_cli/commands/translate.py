@@ -11,23 +11,28 @@ from typing import BinaryIO
 
 import typer
 
+from nmt_cli.api import Translator
 from nmt_cli.commands.common import err_console, user_errors
 from nmt_cli.config import DecodeConfig, Precision
 from nmt_cli.core.files import atomic_path
 from nmt_cli.engines.translate import (
     LENGTH_PENALTY_HELP,
     Translation,
-    Translator,
     format_translations,
     read_chunks,
-    set_threads,
     translate_stream,
 )
 from nmt_cli.errors import NmtError
 
 
 def translate(
-    model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (.pt) to translate with."),
+    model: list[Path] = typer.Option(
+        ...,
+        "--model",
+        "-m",
+        help="Checkpoint (.pt) to translate with; repeat it to decode with the ensemble of "
+        "several (their log-probabilities averaged at every step; one vocabulary).",
+    ),
     input: Path | None = typer.Option(None, "--input", "-i", help="Input file (default: stdin)."),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Output file, written atomically (default: stdout)."
@@ -65,8 +70,7 @@ def translate(
             )  # fmt: skip
         except ValueError as exc:
             raise NmtError(str(exc).replace("decode.", "--")) from None
-        n_threads, workers = set_threads(cfg.threads, cfg.workers)
-        translator = Translator.load(model, cfg, workers)
+        translator = Translator.load(model, cfg)
         with contextlib.ExitStack() as stack:
             source: BinaryIO = stack.enter_context(_open_input(input))
             if output is None:
@@ -79,7 +83,8 @@ def translate(
                 sink.flush()
 
             try:
-                stats = translate_stream(translator, read_chunks(source, cfg.buffer_lines), emit)
+                chunks = read_chunks(source, cfg.buffer_lines)
+                stats = translate_stream(translator.engine, chunks, emit)
             except BrokenPipeError:  # `nmt translate ... | head`: the reader left, we stop
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 raise typer.Exit(0) from None
@@ -96,7 +101,8 @@ def translate(
                 f"translated {stats.lines:,} lines in {stats.seconds:.2f}s "
                 f"({stats.sentences_per_second:.1f} sent/s, {stats.tokens_per_second:.0f} tok/s; "
                 f"beam {cfg.beam_size}, {str(translator.dtype).removeprefix('torch.')}, "
-                f"{translator.device}, {n_threads} threads, {translator.workers} batches at once)",
+                f"{translator.device}, {translator.threads} threads, "
+                f"{translator.workers} batches at once)",
                 highlight=False,
                 soft_wrap=True,
             )

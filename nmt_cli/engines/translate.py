@@ -18,17 +18,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 import torch
 from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
-from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.checkpoint import Checkpoint
+from nmt_cli.core.ensemble import Ensemble, members
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import EOS_ID, PAD_ID, VocabPair
+from nmt_cli.engines.attention import SourceAttention, hypothesis_attention
+from nmt_cli.engines.models import ModelPaths, build_decoder, load_checkpoints
 from nmt_cli.errors import NmtError
 
 LENGTH_PENALTY_HELP = (
@@ -43,6 +45,7 @@ class TranslatedHypothesis:
     score: float  # log-probability / length penalty
     log_prob: float
     length: int  # subword tokens, without EOS
+    attention: SourceAttention | None = None  # only when asked for
 
 
 @dataclass(frozen=True)
@@ -118,29 +121,42 @@ def available_cores() -> int:
 
 
 class Translator:
-    """A model and its vocabularies, ready to translate chunks of raw lines."""
+    """A model (or an ensemble) and its vocabularies, ready to translate chunks of lines."""
 
     def __init__(
-        self, model: Transformer, vocab: VocabPair, cfg: DecodeConfig, workers: int = 1
+        self,
+        model: Transformer | Ensemble,
+        vocab: VocabPair,
+        cfg: DecodeConfig,
+        workers: int = 1,
     ) -> None:
         self.model, self.vocab, self.cfg = model, vocab, cfg
-        self.max_source = model.cfg.max_positions - 1  # room for the source's EOS
+        self.max_source = model.max_positions - 1  # room for the source's EOS
         self.device = next(model.parameters()).device
         self.workers = workers if self.device.type == "cpu" else 1
         self._pool: ThreadPoolExecutor | None = None
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, cfg: DecodeConfig, workers: int = 1) -> Translator:
-        """Build the model on the configured device and cast it to the configured precision
-        (log-softmax stays in float32 inside the model)."""
+    def from_checkpoint(
+        cls,
+        ckpt: Checkpoint | Sequence[Checkpoint],
+        cfg: DecodeConfig,
+        workers: int = 1,
+        names: Sequence[str] | None = None,
+    ) -> Translator:
+        """Build the model (several checkpoints: their ensemble) on the configured device
+        in the configured precision (log-softmax stays in float32 inside the model)."""
+        ckpts = [ckpt] if isinstance(ckpt, Checkpoint) else list(ckpt)
+        names = list(names) if names is not None else [f"model {i + 1}" for i in range(len(ckpts))]
         device = resolve_device(cfg.device)
-        dtype = resolve_dtype(cfg.precision, device)
-        model = ckpt.build_model().to(device=device, dtype=dtype)
-        return cls(model, ckpt.vocab, cfg, workers)
+        model, vocab = build_decoder(ckpts, names, device, resolve_dtype(cfg.precision, device))
+        return cls(model, vocab, cfg, workers)
 
     @classmethod
-    def load(cls, path: str | Path, cfg: DecodeConfig, workers: int = 1) -> Translator:
-        return cls.from_checkpoint(load_checkpoint(path), cfg, workers)
+    def load(cls, paths: ModelPaths, cfg: DecodeConfig, workers: int = 1) -> Translator:
+        """One checkpoint file, or several to decode as an ensemble."""
+        ckpts, names = load_checkpoints(paths)
+        return cls.from_checkpoint(ckpts, cfg, workers, names)
 
     def _workers(self) -> ThreadPoolExecutor:
         """One pool for the translator's lifetime: the same few threads decode every chunk.
@@ -154,17 +170,26 @@ class Translator:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def translate(self, lines: Sequence[str]) -> list[Translation]:
-        """Translate `lines`, keeping their order."""
+    def translate(self, lines: Sequence[str], attention: bool = False) -> list[Translation]:
+        """Translate `lines`, keeping their order; with `attention`, every hypothesis
+        carries its source attention (one more decoder pass over the results)."""
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
         ids = [x[: self.max_source] for x in ids]
-        hyps: list[list[Hypothesis]] = [[] for _ in lines]
+        hyps: list[list[TranslatedHypothesis]] = [[] for _ in lines]
         order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
         batches = list(self._batches(order, ids))
 
-        def decode(batch: list[int]) -> list[list[Hypothesis]]:
-            return self._search(self._tensor([ids[i] for i in batch]))
+        def decode(batch: list[int]) -> list[list[TranslatedHypothesis]]:
+            src = self._tensor([ids[i] for i in batch])
+            found = self._search(src)
+            if not attention:
+                return [[self._detok(h) for h in row] for row in found]
+            maps = hypothesis_attention(members(self.model), self.vocab, src, found)
+            return [
+                [self._detok(h, a) for h, a in zip(row, row_maps, strict=True)]
+                for row, row_maps in zip(found, maps, strict=True)
+            ]
 
         if self.workers > 1 and len(batches) > 1:
             # Batches decoded side by side, one thread each: on small CPUs this beats
@@ -176,11 +201,7 @@ class Translator:
             for i, result in zip(batch, results, strict=True):
                 hyps[i] = result
         return [
-            Translation(
-                source=line,
-                hypotheses=[self._detok(h) for h in hyps[i]],
-                truncated=truncated[i],
-            )
+            Translation(source=line, hypotheses=hyps[i], truncated=truncated[i])
             for i, line in enumerate(lines)
         ]
 
@@ -227,11 +248,13 @@ class Translator:
             nbest=cfg.nbest,
         )
 
-    def _detok(self, hyp: Hypothesis) -> TranslatedHypothesis:
+    def _detok(
+        self, hyp: Hypothesis, attention: SourceAttention | None = None
+    ) -> TranslatedHypothesis:
         text = self.vocab.tgt.decode(hyp.tokens)
         # One output line per input line, whatever the vocabulary can produce.
         text = " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
-        return TranslatedHypothesis(text, hyp.score, hyp.log_prob, len(hyp.tokens))
+        return TranslatedHypothesis(text, hyp.score, hyp.log_prob, len(hyp.tokens), attention)
 
 
 def translate_lines(
