@@ -6,6 +6,7 @@ import typer
 
 from nmt_cli import __version__
 from nmt_cli.commands.average import average_checkpoints
+from nmt_cli.commands.export import export
 from nmt_cli.commands.prepare import prepare_command
 from nmt_cli.commands.run import run
 from nmt_cli.commands.score import score
@@ -17,7 +18,8 @@ app = typer.Typer(
     help=(
         "Neural machine translation with the Transformer of 'Attention Is All You Need'.\n\n"
         "prepare -> train -> average-checkpoints -> translate -> score, each driven by a "
-        "TOML recipe (see recipes/). Exit codes: 0 success, 1 failure, 2 usage error."
+        "TOML recipe (see recipes/); export serves a checkpoint through CTranslate2 or "
+        "transformers. Exit codes: 0 success, 1 failure, 2 usage error."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -46,6 +48,7 @@ app.command("train")(train)
 app.command("translate")(translate)
 app.command("average-checkpoints")(average_checkpoints)
 app.command("score")(score)
+app.command("export")(export)
 app.command("run")(run)
 
 

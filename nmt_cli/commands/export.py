@@ -1,0 +1,45 @@
+"""`nmt export`: a checkpoint as a CTranslate2 or Hugging Face transformers model."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+from nmt_cli.commands.common import err_console, user_errors
+from nmt_cli.engines.export.ctranslate2 import QUANTIZATIONS
+from nmt_cli.engines.export.run import ExportConfig, export_model
+
+
+class Target(StrEnum):
+    ctranslate2 = "ctranslate2"
+    huggingface = "huggingface"
+
+
+def export(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint (.pt) to export."),
+    out_dir: Path = typer.Argument(..., help="Model directory to create."),
+    to: Target = typer.Option(..., "--to", help="ctranslate2 or huggingface (MarianMT)."),
+    quantization: str = typer.Option(
+        "float32",
+        "--quantization",
+        help=f"CTranslate2 weight type: {', '.join(QUANTIZATIONS)}.",
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it is not empty."),
+) -> None:
+    """Export a checkpoint for serving: CTranslate2, or transformers' MarianMT.
+
+    The directory holds the model, its SentencePiece models (source.spm, target.spm) and
+    vocabularies; README.md shows how to load each. It appears whole or not at all.
+    """
+    with user_errors():
+        cfg = ExportConfig(checkpoint, out_dir, to.value, quantization, force)
+        result = export_model(cfg)
+        err_console.print(
+            f"exported {checkpoint} to {result.out_dir} ({to.value}; "
+            f"{'shared' if result.shared_vocab else 'separate'} embeddings): "
+            f"{', '.join(result.files)}",
+            highlight=False,
+            soft_wrap=True,
+        )
