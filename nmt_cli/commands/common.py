@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from nmt_cli.config import RecipeConfig, load_recipe
 from nmt_cli.errors import NmtError
@@ -23,7 +24,10 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except NmtError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # Escaped: a message may quote brackets (a path, "pip install 'nmt-cli[export]'").
+        err_console.print(
+            f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

@@ -34,6 +34,13 @@ def tiny_vocab() -> VocabPair:
     return VocabPair.from_protos(proto, proto)
 
 
+def separate_vocab() -> VocabPair:
+    """Source and target SentencePiece models of different sizes (no shared matrix)."""
+    src = train_sentencepiece(sentences(400), vocab_size=48)
+    tgt = train_sentencepiece(sentences(400, seed=1), vocab_size=44)
+    return VocabPair.from_protos(src, tgt)
+
+
 def tiny_config(vocab: VocabPair, max_positions: int = 40, d_model: int = 32) -> ModelConfig:
     return ModelConfig(
         encoder_layers=1,
@@ -60,28 +67,28 @@ def random_checkpoint(
 COPY_POOL = [*sentences(40, seed=5), "the cat", "red dog", "the red cat", "a dog"]
 
 
-def copy_checkpoint(path: Path, vocab: VocabPair, steps: int = 200) -> Path:
-    """A model trained to copy COPY_POOL, to be decoded exactly by the tests."""
-    torch.manual_seed(0)
+def copy_checkpoint(path: Path, vocab: VocabPair, steps: int = 200, seed: int = 0) -> Path:
+    """A model trained to copy COPY_POOL (through the target vocabulary when it is a
+    separate one), to be decoded exactly by the tests."""
+    torch.manual_seed(seed)
     cfg = tiny_config(vocab, d_model=64)
     model = Transformer(cfg)
-    ids = vocab.src.encode(COPY_POOL)
+    pairs = list(zip(vocab.src.encode(COPY_POOL), vocab.tgt.encode(COPY_POOL), strict=True))
     opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
     decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (steps - s) / (0.3 * steps)))
-    rng = random.Random(0)
+    rng = random.Random(seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         for _ in range(steps):
-            batch = rng.sample(ids, 32)
-            width = max(len(x) for x in batch) + 1
-            src = torch.full((32, width), PAD_ID)
-            tgt_in = torch.full((32, width), PAD_ID)
-            tgt_out = torch.full((32, width), PAD_ID)
-            for i, x in enumerate(batch):
+            batch = rng.sample(pairs, 32)
+            src = torch.full((32, max(len(x) for x, _ in batch) + 1), PAD_ID)
+            tgt_in = torch.full((32, max(len(y) for _, y in batch) + 1), PAD_ID)
+            tgt_out = torch.full_like(tgt_in, PAD_ID)
+            for i, (x, y) in enumerate(batch):
                 src[i, : len(x) + 1] = torch.tensor([*x, EOS_ID])
-                tgt_in[i, : len(x) + 1] = torch.tensor([BOS_ID, *x])
-                tgt_out[i, : len(x) + 1] = torch.tensor([*x, EOS_ID])
+                tgt_in[i, : len(y) + 1] = torch.tensor([BOS_ID, *y])
+                tgt_out[i, : len(y) + 1] = torch.tensor([*y, EOS_ID])
             logits = model(src, tgt_in)
             loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID)
             opt.zero_grad()

@@ -19,6 +19,11 @@ path CTranslate2's own converters take; no binary is written by hand. How each p
   with separate vocabularies the source matrix is separate and the target one still
   doubles as the projection. `scale_embeddings` multiplies by sqrt(d_model) as we do.
   The projection has no bias, as ours.
+- Never generated: nmt's search masks <pad> and <s> after the softmax. CTranslate2 has no
+  such rule; a trained model gives them almost no probability, so they are not generated
+  in practice, and the scores stay exactly ours. (A logit bias would enforce it but
+  renormalize every step, and the scores would drift from nmt's; a user who decodes an
+  untrained model can pass `suppress_sequences=[["<pad>"], ["<s>"]]`.)
 - Positions: our exact table (sin on even, cos on odd dimensions, the paper's
   interleaving) is written as `position_encodings.encodings` for both encoder and
   decoder, so CTranslate2's own sinusoid generator (sin half / cos half) is never
