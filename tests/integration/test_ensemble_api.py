@@ -171,3 +171,15 @@ def test_python_api_attention_rows_are_distributions(vocab_models: dict[str, Pat
             assert len(row) == len(attention.source)
             assert sum(row) == pytest.approx(1.0, abs=1e-4)
     assert translator.translate(["the red cat"])[0].hypotheses[0].attention is None
+
+
+def test_readme_python_example_runs(
+    vocab_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Python API") :]
+    code = section[section.index("```python") + len("```python") : section.index("```\n\n")]
+    assert "from nmt_cli import Translator" in code
+    (tmp_path / "test.en").write_text("the red cat\na dog\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace('"avg.pt"', repr(str(vocab_models["copy"]))), "README", "exec"), {})
