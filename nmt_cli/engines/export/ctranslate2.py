@@ -135,11 +135,17 @@ def build_spec(ckpt: Checkpoint) -> Any:
     return spec
 
 
+def check_quantization(target: str, quantization: str) -> None:
+    if quantization not in QUANTIZATIONS:
+        raise NmtError(f"--quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
+    if target != "ctranslate2" and quantization != "float32":
+        raise NmtError("--quantization applies to --to ctranslate2 only")
+
+
 def export_ctranslate2(ckpt: Checkpoint, out_dir: Path, quantization: str) -> list[str]:
     """Write the CTranslate2 model and its SentencePiece models into `out_dir` (which
     exists and is empty). Returns the files written."""
-    if quantization not in QUANTIZATIONS:
-        raise NmtError(f"--quantization {quantization!r}: use one of {', '.join(QUANTIZATIONS)}")
+    check_quantization("ctranslate2", quantization)
     spec = build_spec(ckpt)
     spec.optimize(quantization=quantization)
     spec.save(str(out_dir))

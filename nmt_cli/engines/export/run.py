@@ -8,7 +8,11 @@ from typing import Literal
 
 from nmt_cli import __version__
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.export.ctranslate2 import export_ctranslate2, import_ctranslate2
+from nmt_cli.engines.export.ctranslate2 import (
+    check_quantization,
+    export_ctranslate2,
+    import_ctranslate2,
+)
 from nmt_cli.engines.export.huggingface import export_huggingface, import_transformers
 from nmt_cli.engines.export.output import check_output_dir, staged_dir, write_json
 
@@ -38,6 +42,7 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     output path, the library, the checkpoint; the model then appears at OUT_DIR whole."""
     if cfg.target not in TARGETS:
         raise ValueError(f"unknown export target {cfg.target!r}")
+    check_quantization(cfg.target, cfg.quantization)
     check_output_dir(cfg.out_dir, cfg.force)
     if cfg.target == "ctranslate2":
         import_ctranslate2()
