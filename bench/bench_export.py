@@ -12,7 +12,10 @@ the same threads, and scores each batch-128 output with sacreBLEU. Layouts: nmt 
 CTranslate2 decode `threads` batches side by side, one thread each (nmt's default on a
 small CPU; CTranslate2's inter_threads); transformers decodes one batch on all threads.
 Length penalties differ by system: nmt's GNMT ((5 + |Y|) / 6) ** 0.6, CTranslate2's and
-transformers' |Y| ** 0.6. Prints the figures and the exact command.
+transformers' |Y| ** 0.6. The output limit is nmt's |source| + 50 tokens per sentence; the
+others take one limit per call, so they get 50 + the longest source of the batch
+(transformers) or of the whole input (CTranslate2, which splits batches itself). Prints the
+figures and the exact command.
 """
 
 from __future__ import annotations
@@ -72,9 +75,11 @@ def ctranslate2_decoder(model_dir: Path, compute_type: str, threads: int) -> Dec
     )
 
     def decode(lines: list[str], batch: int) -> list[str]:
+        pieces = source.encode(lines, out_type=str)
         results = translator.translate_batch(
-            source.encode(lines, out_type=str),
+            pieces,
             max_batch_size=batch,
+            max_decoding_length=50 + max(map(len, pieces)),
             beam_size=4,
             length_penalty=0.6,
             min_decoding_length=0,
@@ -97,8 +102,11 @@ def transformers_decoder(model_dir: Path, threads: int) -> Decode:
         for lo in range(0, len(order), batch):
             index = order[lo : lo + batch]
             inputs = tokenizer([lines[i] for i in index], return_tensors="pt", padding=True)
+            limit = 50 + inputs["input_ids"].size(1) - 1  # the longest source, without </s>
             with torch.inference_mode():
-                ids = model.generate(**inputs, num_beams=4, length_penalty=0.6)
+                ids = model.generate(
+                    **inputs, num_beams=4, length_penalty=0.6, max_new_tokens=limit + 1
+                )
             texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
             out.update(zip(index, texts, strict=True))
         return [out[i] for i in range(len(lines))]
