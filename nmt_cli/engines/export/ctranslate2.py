@@ -42,7 +42,7 @@ import numpy as np
 from torch import Tensor
 
 from nmt_cli.core.checkpoint import Checkpoint
-from nmt_cli.core.transformer import sinusoidal_positions
+from nmt_cli.core.transformer import ModelConfig, sinusoidal_positions
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, UNK_ID
 from nmt_cli.engines.export.output import all_pieces, require, write_sentencepiece
 from nmt_cli.errors import NmtError
@@ -86,8 +86,7 @@ def import_ctranslate2() -> Any:
     return require("ctranslate2", "--to ctranslate2")
 
 
-def check_exportable(ckpt: Checkpoint) -> None:
-    cfg = ckpt.model_config
+def check_exportable(cfg: ModelConfig) -> None:
     if cfg.head_dim_k * cfg.n_heads != cfg.d_model or cfg.head_dim_v != cfg.head_dim_k:
         raise NmtError(
             f"CTranslate2 needs d_k = d_v = d_model / n_heads ({cfg.d_model // cfg.n_heads}); "
@@ -99,7 +98,7 @@ def build_spec(ckpt: Checkpoint) -> Any:
     """The filled-in TransformerSpec of a checkpoint (validated, not yet optimized)."""
     ct2 = import_ctranslate2()
     specs = ct2.specs
-    check_exportable(ckpt)
+    check_exportable(ckpt.model_config)
     cfg, weights = ckpt.model_config, ckpt.model
     spec = specs.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers),

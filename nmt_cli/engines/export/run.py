@@ -8,12 +8,8 @@ from typing import Literal
 
 from nmt_cli import __version__
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.export.ctranslate2 import (
-    check_quantization,
-    export_ctranslate2,
-    import_ctranslate2,
-)
-from nmt_cli.engines.export.huggingface import export_huggingface, import_transformers
+from nmt_cli.engines.export import ctranslate2 as ct2
+from nmt_cli.engines.export import huggingface as hf
 from nmt_cli.engines.export.output import check_output_dir, staged_dir, write_json
 
 ExportTarget = Literal["ctranslate2", "huggingface"]
@@ -42,24 +38,27 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     output path, the library, the checkpoint; the model then appears at OUT_DIR whole."""
     if cfg.target not in TARGETS:
         raise ValueError(f"unknown export target {cfg.target!r}")
-    check_quantization(cfg.target, cfg.quantization)
+    ct2.check_quantization(cfg.target, cfg.quantization)
     check_output_dir(cfg.out_dir, cfg.force)
     if cfg.target == "ctranslate2":
-        import_ctranslate2()
+        ct2.import_ctranslate2()
+        ckpt = load_checkpoint(cfg.checkpoint)
+        ct2.check_exportable(ckpt.model_config)
     else:
-        import_transformers()
-    ckpt = load_checkpoint(cfg.checkpoint)
+        hf.import_transformers()
+        ckpt = load_checkpoint(cfg.checkpoint)
+        hf.check_exportable(ckpt.model_config)
     with staged_dir(cfg.out_dir) as stage:
         if cfg.target == "ctranslate2":
-            export_ctranslate2(ckpt, stage, cfg.quantization)
+            ct2.export_ctranslate2(ckpt, stage, cfg.quantization)
         else:
-            export_huggingface(ckpt, stage)
+            hf.export_huggingface(ckpt, stage)
         write_json(
             stage / MANIFEST,
             {
                 "exported_by": f"nmt {__version__}",
                 "target": cfg.target,
-                "quantization": cfg.quantization if cfg.target == "ctranslate2" else "float32",
+                "quantization": cfg.quantization,
                 "checkpoint": cfg.checkpoint.name,
                 "step": ckpt.step,
                 "joint_vocabulary": ckpt.vocab.joint,
