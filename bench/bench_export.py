@@ -142,6 +142,7 @@ def main() -> None:
         f"{len(lines)} test sentences, beam 4"
     )
     skip = set(filter(None, args.skip.split(",")))
+    metric = sacrebleu.BLEU()
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir, hf_dir = Path(tmp) / "ct2", Path(tmp) / "hf"
         export_model(ExportConfig(args.model, ct2_dir, "ctranslate2"))
@@ -159,7 +160,7 @@ def main() -> None:
                 continue
             decode = make()
             batch_rate, texts = timed(decode, lines, 128)
-            bleu = sacrebleu.corpus_bleu(texts, [refs]).score
+            bleu = metric.corpus_score(texts, [refs]).score
             single_rate, _ = timed(decode, lines[: args.single], 1)
             rows.append((name, batch_rate, single_rate, bleu))
             print(
@@ -175,7 +176,7 @@ def main() -> None:
             f"| {name} | {batch_rate:.1f} | {single_rate:.1f} | {bleu:.1f} | "
             f"{batch_rate / base[1]:.2f}x / {single_rate / base[2]:.2f}x |"
         )
-    print(f"sacreBLEU signature: {sacrebleu.BLEU().get_signature()}")
+    print(f"sacreBLEU signature: {metric.get_signature()}")
 
 
 if __name__ == "__main__":
