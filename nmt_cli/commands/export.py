@@ -16,11 +16,19 @@ class Target(StrEnum):
 
 
 def export(
-    checkpoint: Path = typer.Argument(..., help="Checkpoint (.pt) to export."),
-    out_dir: Path = typer.Argument(..., help="Model directory to create."),
-    to: Target = typer.Option(..., "--to", help="ctranslate2 or huggingface (MarianMT)."),
+    checkpoint: Path = typer.Argument(
+        ..., metavar="CHECKPOINT", help="Checkpoint (.pt) to export."
+    ),
+    out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Model directory to create."),
+    to: Target = typer.Option(
+        ..., "--to", metavar="TARGET", help="ctranslate2 or huggingface (MarianMT)."
+    ),
     quantization: str = typer.Option(
-        "float32", "--quantization", help="CTranslate2 weight type, e.g. int8 (see below)."
+        "float32",
+        "--quantization",
+        metavar="TYPE",
+        help="CTranslate2 weights, see below; default float32.",
+        show_default=False,
     ),
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it is not empty."),
     quiet: bool = quiet_option(),

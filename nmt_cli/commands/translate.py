@@ -52,7 +52,8 @@ def translate(
         ...,
         "--model",
         "-m",
-        help="Checkpoint (.pt); repeat for an ensemble (see below).",
+        metavar="PATH",
+        help="Checkpoint (.pt); repeat: an ensemble.",
     ),
     input: Path | None = typer.Option(
         None, "--input", "-i", help="Text to translate; default or -: stdin."
