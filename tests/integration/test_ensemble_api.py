@@ -183,3 +183,29 @@ def test_readme_python_example_runs(
     (tmp_path / "test.en").write_text("the red cat\na dog\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     exec(compile(code.replace('"avg.pt"', repr(str(vocab_models["copy"]))), "README", "exec"), {})
+
+
+def test_ensemble_attention_averages_members_recorded_by_search(
+    vocab_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Attention of an ensemble comes from main's recording (the search's own weights),
+    averaged over members; it leaves the translations unchanged."""
+    paths = [vocab_models["copy"], vocab_models["b"]]
+    translator = Translator.load(paths, precision="fp32", nbest=2, max_len_b=8)
+    lines = ["the red cat", "a dog"]
+    plain = translator.translate(lines)
+    recorded = translator.translate(lines, attention=True)
+    for p, r in zip(plain, recorded, strict=True):
+        assert [h.text for h in p.hypotheses] == [h.text for h in r.hypotheses]
+        for hyp in r.hypotheses:
+            assert hyp.attention is not None
+            assert len(hyp.attention.weights) == hyp.length + 1
+            for row in hyp.attention.weights:
+                assert sum(row) == pytest.approx(1.0, abs=1e-4)
+    aligned = Translator.load(paths, precision="fp32", alignment_layer=0).translate(lines)
+    assert all(r.hypotheses[0].alignment is not None for r in aligned)
+    other = random_checkpoint(tmp_path / "heads.pt", tiny_vocab(), seed=4, n_heads=4)
+    mixed = Translator.load([vocab_models["a"], other], precision="fp32")
+    assert mixed.translate(lines)  # decoding needs no common shape
+    with pytest.raises(NmtError, match="same decoder layers and heads"):
+        mixed.translate(lines, attention=True)
