@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0 -c constraints.txt
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,plot,tensorboard]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,plot,tensorboard,export]'
 	touch $(STAMP)
 
 install: $(STAMP)

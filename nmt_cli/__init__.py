@@ -1,3 +1,22 @@
-"""nmt: the Transformer of "Attention Is All You Need", from raw text to a BLEU score."""
+"""nmt: the Transformer of "Attention Is All You Need", from raw text to a BLEU score.
+
+`from nmt_cli import Translator` is the Python API (nmt_cli/api.py). It is imported on
+first use, so `import nmt_cli` (and `nmt --version`) does not load torch.
+"""
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["DecodeConfig", "Translator", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Translator":
+        from nmt_cli.api import Translator
+
+        return Translator
+    if name == "DecodeConfig":
+        from nmt_cli.config import DecodeConfig
+
+        return DecodeConfig
+    raise AttributeError(f"module 'nmt_cli' has no attribute {name!r}")

@@ -21,6 +21,7 @@ from nmt_cli import __version__
 from nmt_cli.commands.attention import attention
 from nmt_cli.commands.average import average_checkpoints
 from nmt_cli.commands.common import fail
+from nmt_cli.commands.export import export
 from nmt_cli.commands.plot import plot
 from nmt_cli.commands.prepare import prepare_command
 from nmt_cli.commands.run import run
@@ -80,7 +81,8 @@ app = typer.Typer(
     help=(
         "Neural machine translation with the Transformer of 'Attention Is All You Need'.\n\n"
         "prepare -> train -> average-checkpoints -> translate -> score, each driven by a "
-        "TOML recipe (see recipes/). Exit codes: 0 success, 1 failure, 2 usage error, "
+        "TOML recipe (see recipes/); export serves a checkpoint through CTranslate2 or "
+        "transformers. Exit codes: 0 success, 1 failure, 2 usage error, "
         "130/143 stopped by Ctrl-C/SIGTERM (after saving)."
     ),
     no_args_is_help=True,
@@ -111,6 +113,7 @@ app.command("train")(train)
 app.command("translate")(translate)
 app.command("average-checkpoints")(average_checkpoints)
 app.command("score")(score)
+app.command("export")(export)
 app.command("run")(run)
 app.command("sweep")(sweep)
 app.command("attention")(attention)

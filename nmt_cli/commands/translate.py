@@ -48,7 +48,13 @@ _FLAGS = {
 
 
 def translate(
-    model: Path = typer.Option(..., "--model", "-m", help="Checkpoint (.pt) to translate with."),
+    model: list[Path] = typer.Option(
+        ...,
+        "--model",
+        "-m",
+        metavar="PATH",
+        help="Checkpoint (.pt); repeat: an ensemble.",
+    ),
     input: Path | None = typer.Option(
         None, "--input", "-i", help="Text to translate; default or -: stdin."
     ),
@@ -117,15 +123,16 @@ def translate(
     heads: 'text ||| 0-0 1-2', or an 'alignment' field in JSON. The
     penultimate layer aligns best (Garg et al., 2019); --alignment-layer N
     (1-based) picks another and implies --alignment.
+
+    Several --model checkpoints decode as one ensemble: their log-probabilities
+    are averaged at every step (they must share one vocabulary; alignments
+    average the members' attention).
     """
-    from nmt_cli.core.checkpoint import load_checkpoint
-    from nmt_cli.engines.attention_views import default_layer
+    from nmt_cli.api import Translator
     from nmt_cli.engines.translate import (
         Translation,
-        Translator,
         format_translations,
         read_chunks,
-        set_threads,
         translate_stream,
     )
 
@@ -139,14 +146,12 @@ def translate(
         decoder = StreamDecoder(display_name(input or "-"), LineDecoder(on_bad_utf8))
         if input is not None:
             check_readable(input)
-        check_output_path(output, inputs=[model, input])
-        n_threads, workers = set_threads(cfg.threads, cfg.workers)
-        ckpt = load_checkpoint(model)
-        layer = None
+        check_output_path(output, inputs=[*model, input])
         alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
-        if alignment:
-            layer = alignment_layer or default_layer(ckpt.model_config.decoder_layers)
-        translator = Translator.from_checkpoint(ckpt, cfg, workers, layer)
+        # 0: the default layer (the penultimate); None: no alignments
+        translator = Translator.load(
+            model, cfg, alignment_layer=alignment_layer if alignment else None
+        )
         total = _line_count(input) if verbosity.progress else None
         with contextlib.ExitStack() as stack:
             source = stack.enter_context(contextlib.closing(open_binary(input or "-")))
@@ -163,7 +168,7 @@ def translate(
                 progress.advance(len(results))
 
             chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
-            stats = translate_stream(translator, chunks, emit)
+            stats = translate_stream(translator.engine, chunks, emit)
         if decoder.decoder.replaced:
             warn(decoder.decoder.warning())
         if stats.truncated:
@@ -177,7 +182,8 @@ def translate(
             f"translated {stats.lines:,} lines in {stats.seconds:.2f}s "
             f"({stats.sentences_per_second:.1f} sent/s, {stats.tokens_per_second:.0f} tok/s; "
             f"beam {cfg.beam_size}, {str(translator.dtype).removeprefix('torch.')}, "
-            f"{translator.device}, {n_threads} threads, {translator.workers} batches at once)",
+            f"{translator.device}, {translator.threads} threads, "
+            f"{translator.workers} batches at once)",
             verbosity,
         )
 

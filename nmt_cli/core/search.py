@@ -1,8 +1,10 @@
 """Greedy and batched beam search over the model's incremental-decoding interface only.
 
-Search sees the model through `source_mask`, `encode`, `new_cache`, `decode_step` and
-`DecoderCache.reorder`: it knows nothing of layers, so any model with that interface can
-be searched (a scripted stub in the tests, an ensemble later).
+Search sees the model through `Searchable`: `source_mask`, `encode`, `new_cache`,
+`decode_step`, the cache's `reorder` and `max_positions`. It knows nothing of layers, so
+anything with that interface is searched the same way: one Transformer, an `Ensemble` of
+them (core/ensemble.py, Sockeye's design: the ensemble is a model, search has no ensemble
+case), or a scripted stub in the tests.
 
 Beam search is the paper's (section 6.1, as in tensor2tensor): a GNMT length penalty
 `lp(Y) = ((5 + |Y|) / 6) ** alpha`, where |Y| counts the output tokens including the
@@ -56,18 +58,25 @@ class Cache(Protocol):
 
 
 class Searchable(Protocol):
-    """What search needs of a model (the Transformer has it; tests use scripted stubs)."""
+    """What search needs of a model: the Transformer and the Ensemble have it, tests use
+    scripted stubs. `memory` and the cache are opaque to search: it passes back what
+    `encode` and `new_cache` gave it, and reorders the cache only through `reorder`."""
+
+    @property
+    def max_positions(self) -> int | None:
+        """Target positions the decoder has (None: unbounded); caps the output length."""
+        ...
 
     def source_mask(self, src: Tensor) -> Tensor: ...
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Any: ...
 
-    def new_cache(self) -> Any: ...
+    def new_cache(self) -> Cache: ...
 
     def decode_step(
         self,
         last_tokens: Tensor,
-        memory: Tensor,
+        memory: Any,
         src_mask: Tensor,
         cache: Any,
         need_weights: bool = False,
@@ -108,12 +117,6 @@ def batch_bucket(n: int) -> int:
     return -(-n // 8) * 8
 
 
-def _max_positions(model: Any) -> int | None:
-    cfg = getattr(model, "cfg", None)
-    value = getattr(cfg, "max_positions", None)
-    return int(value) if value is not None else None
-
-
 def _mask_specials(lprobs: Tensor) -> None:
     """Padding and BOS are never generated."""
     lprobs[:, PAD_ID] = -math.inf
@@ -144,7 +147,7 @@ def greedy_search(
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
-    limit = max_output_lengths(src, max_len_a, max_len_b, _max_positions(model))
+    limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
     alive = torch.arange(n, device=device)  # original sentence of each row
     tokens = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
     log_prob = torch.zeros(n, dtype=torch.float32, device=device)
@@ -256,7 +259,7 @@ class _BeamSearch:
         nbest: int,
     ) -> None:
         self.model, self.src, self.k, self.alpha, self.nbest = model, src, beam, alpha, nbest
-        self.limit = max_output_lengths(src, max_len_a, max_len_b, _max_positions(model))
+        self.limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
         # Largest penalty a hypothesis of each sentence can reach (EOS at the length limit).
         self.lp_at_limit = ((5.0 + self.limit.double() + 1.0) / 6.0) ** alpha
         n = src.size(0)
@@ -267,7 +270,7 @@ class _BeamSearch:
         self.trace: _Trace | None = None
         self.ends: dict[int, tuple[int, int]] = {}  # id(hypothesis) -> its (step, row)
 
-    def _step(self, tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any) -> Tensor:
+    def _step(self, tokens: Tensor, memory: Any, src_mask: Tensor, cache: Any) -> Tensor:
         if self.trace is None:
             lprobs, _ = self.model.decode_step(tokens, memory, src_mask, cache)
         else:

@@ -297,6 +297,11 @@ class Transformer(nn.Module):
                 nn.init.zeros_(p)
 
     @property
+    def max_positions(self) -> int:
+        """Positions the embeddings have: the longest source (with EOS) and output."""
+        return self.cfg.max_positions
+
+    @property
     def output_weight(self) -> Tensor:
         """The pre-softmax projection: the target embedding matrix itself (section 3.4)."""
         return self.tgt_embed.tokens.weight

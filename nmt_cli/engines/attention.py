@@ -77,6 +77,8 @@ def record_attention(translator: Translator, sentence: str) -> AttentionMaps:
     ids = translator.vocab.src.encode([sentence])[0][: translator.max_source]
     if not ids:
         raise NmtError("the sentence is empty: give some text to translate")
+    if not isinstance(translator.model, Transformer):
+        raise NmtError("attention maps are drawn for one model, not an ensemble")
     return attention_of(translator.model, translator.vocab, ids, translator.cfg, sentence)
 
 

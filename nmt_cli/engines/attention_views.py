@@ -10,13 +10,18 @@ output; without a view, search runs the model's fast path and records nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 
-from nmt_cli.core.cache import DecoderCache
-from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.core.ensemble import Ensemble, members
+from nmt_cli.core.transformer import Transformer
 from nmt_cli.errors import NmtError
+
+EOS = "</s>"
 
 
 def default_layer(layers: int) -> int:
@@ -35,28 +40,63 @@ def check_layer(layer: int, layers: int, option: str, stack: str) -> int:
     return layer - 1
 
 
-class _View:
-    """Delegates the search interface to the model unchanged."""
+def decoder_layers(model: Transformer | Ensemble) -> int:
+    """The decoder layers whose attention can be recorded: an ensemble's members average
+    theirs, so they must agree on the decoder's layers and heads."""
+    shapes = {(len(m.decoder), m.cfg.n_heads) for m in members(model)}
+    if len(shapes) > 1:
+        raise NmtError(
+            "attention of an ensemble averages its members' weights: the members must have "
+            "the same decoder layers and heads (they have "
+            + ", ".join(f"{layers} layers x {heads} heads" for layers, heads in sorted(shapes))
+            + ")"
+        )
+    return shapes.pop()[0]
 
-    def __init__(self, model: Transformer) -> None:
+
+@dataclass(frozen=True)
+class SourceAttention:
+    """weights[i][j]: how much output piece i attended to source piece j (rows sum to 1)."""
+
+    source: list[str]  # source pieces, then "</s>"
+    target: list[str]  # output pieces, then "</s>"
+    weights: list[list[float]]
+
+    @classmethod
+    def of(
+        cls, cross: np.ndarray, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
+    ) -> SourceAttention:
+        """From a recorded (output pieces + EOS, padded source) cross-attention matrix."""
+        source, target = [*src_pieces, EOS], [*tgt_pieces, EOS]
+        weights = cross[: len(target), : len(source)]
+        return cls(source=source, target=target, weights=weights.tolist())
+
+
+class _View:
+    """Delegates the search interface to the model (or ensemble) unchanged."""
+
+    def __init__(self, model: Any) -> None:
         self.model = model
-        self.cfg: ModelConfig = model.cfg  # search reads cfg.max_positions
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.model.max_positions
 
     def source_mask(self, src: Tensor) -> Tensor:
         return self.model.source_mask(src)
 
-    def new_cache(self) -> DecoderCache:
+    def new_cache(self) -> Any:
         return self.model.new_cache()
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Any:
         return self.model.encode(src, src_mask)
 
     def decode_step(
         self,
         last_tokens: Tensor,
-        memory: Tensor,
+        memory: Any,
         src_mask: Tensor,
-        cache: DecoderCache,
+        cache: Any,
         need_weights: bool = False,
     ) -> tuple[Tensor, Any]:
         lprobs, weights = self.model.decode_step(last_tokens, memory, src_mask, cache, need_weights)
@@ -71,6 +111,8 @@ class EveryAttention(_View):
     """Records the encoder's self-attention of the batch (here, after `encode`) and lets
     search record every decoder layer's self- and cross-attention of every step."""
 
+    model: Transformer
+
     def __init__(self, model: Transformer) -> None:
         super().__init__(model)
         self.encoder: list[Tensor] = []  # one (B, h, S, S) per encoder layer
@@ -82,11 +124,11 @@ class EveryAttention(_View):
 
 class CrossAttentionOf(_View):
     """Lets search record one decoder layer's cross-attention, averaged over heads:
-    one (rows, S) tensor per step."""
+    one (rows, S) tensor per step. An ensemble's weights are its members' mean."""
 
-    def __init__(self, model: Transformer, layer: int) -> None:
+    def __init__(self, model: Transformer | Ensemble, layer: int) -> None:
         super().__init__(model)
-        self.index = len(model.decoder) + layer  # decode_step lists self-attention first
+        self.index = decoder_layers(model) + layer  # decode_step lists self-attention first
 
     def keep(self, weights: list[Tensor]) -> list[Tensor]:
         return [weights[self.index].float().mean(1)[:, 0]]

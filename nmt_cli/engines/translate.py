@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -26,14 +25,22 @@ from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.batching import pad_sources
-from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.checkpoint import Checkpoint
 from nmt_cli.core.cpus import usable_cpus
+from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.engines.alignment import format_alignment, hard_alignment
-from nmt_cli.engines.attention_views import CrossAttentionOf, check_layer
+from nmt_cli.engines.attention_views import (
+    CrossAttentionOf,
+    SourceAttention,
+    check_layer,
+    decoder_layers,
+    default_layer,
+)
+from nmt_cli.engines.models import ModelPaths, build_decoder, load_checkpoints
 from nmt_cli.errors import NmtError, UsageError
 
 
@@ -44,6 +51,7 @@ class TranslatedHypothesis:
     log_prob: float
     length: int  # subword tokens, without EOS
     alignment: str | None = None  # Moses "i-j" source-target word pairs, when asked for
+    attention: SourceAttention | None = None  # only when asked for
 
 
 @dataclass(frozen=True)
@@ -89,55 +97,64 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Translator:
-    """A model and its vocabularies, ready to translate chunks of raw lines.
+    """A model (or an ensemble) and its vocabularies, ready to translate chunks of lines.
 
-    With `alignment_layer` (1-based), every hypothesis also gets its word alignment from
-    that decoder layer's cross-attention, averaged over heads, recorded by the search that
-    produced it (beam 1 then runs as a one-beam beam search, the same output as greedy).
+    With `alignment_layer` (1-based; 0: the default layer), every hypothesis also gets
+    its word alignment from that decoder layer's cross-attention, averaged over heads (and
+    over an ensemble's members), recorded by the search that produced it (beam 1 then runs
+    as a one-beam beam search, the same output as greedy). `translate(..., attention=True)`
+    records the same way: that layer, or the default one (attention_views.default_layer).
     """
 
     def __init__(
         self,
-        model: Transformer,
+        model: Transformer | Ensemble,
         vocab: VocabPair,
         cfg: DecodeConfig,
         workers: int = 1,
         alignment_layer: int | None = None,
     ) -> None:
         self.model, self.vocab, self.cfg = model, vocab, cfg
-        self.max_source = model.cfg.max_positions - 1  # room for the source's EOS
+        self.max_source = model.max_positions - 1  # room for the source's EOS
         self.device = next(model.parameters()).device
         self.workers = workers if self.device.type == "cpu" else 1
         self._pool: ThreadPoolExecutor | None = None
         self.aligner: CrossAttentionOf | None = None
         if alignment_layer is not None:
-            layer = check_layer(alignment_layer, len(model.decoder), "--alignment-layer", "decoder")
+            layers = decoder_layers(model)
+            wanted = alignment_layer or default_layer(layers)
+            layer = check_layer(wanted, layers, "--alignment-layer", "decoder")
             self.aligner = CrossAttentionOf(model, layer)
 
     @classmethod
     def from_checkpoint(
         cls,
-        ckpt: Checkpoint,
+        ckpt: Checkpoint | Sequence[Checkpoint],
         cfg: DecodeConfig,
         workers: int = 1,
         alignment_layer: int | None = None,
+        names: Sequence[str] | None = None,
     ) -> Translator:
-        """Build the model on the configured device and cast it to the configured precision
-        (log-softmax stays in float32 inside the model)."""
+        """Build the model (several checkpoints: their ensemble) on the configured device
+        in the configured precision (log-softmax stays in float32 inside the model)."""
+        ckpts = [ckpt] if isinstance(ckpt, Checkpoint) else list(ckpt)
+        names = list(names) if names is not None else [f"model {i + 1}" for i in range(len(ckpts))]
         device = resolve_device(cfg.device)
         dtype = dtype_of(resolve_precision(cfg.precision, device, "--precision"))
-        model = ckpt.build_model().to(device=device, dtype=dtype)
-        return cls(model, ckpt.vocab, cfg, workers, alignment_layer)
+        model, vocab = build_decoder(ckpts, names, device, dtype)
+        return cls(model, vocab, cfg, workers, alignment_layer)
 
     @classmethod
     def load(
         cls,
-        path: str | Path,
+        paths: ModelPaths,
         cfg: DecodeConfig,
         workers: int = 1,
         alignment_layer: int | None = None,
     ) -> Translator:
-        return cls.from_checkpoint(load_checkpoint(path), cfg, workers, alignment_layer)
+        """One checkpoint file, or several to decode as an ensemble."""
+        ckpts, names = load_checkpoints(paths)
+        return cls.from_checkpoint(ckpts, cfg, workers, alignment_layer, names)
 
     def _workers(self) -> ThreadPoolExecutor:
         """One pool for the translator's lifetime: the same few threads decode every chunk.
@@ -151,8 +168,12 @@ class Translator:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def translate(self, lines: Sequence[str]) -> list[Translation]:
-        """Translate `lines`, keeping their order."""
+    def translate(self, lines: Sequence[str], attention: bool = False) -> list[Translation]:
+        """Translate `lines`, keeping their order; with `attention`, every hypothesis
+        carries its source attention, recorded by the search that produced it."""
+        view = self.aligner
+        if attention and view is None:
+            view = CrossAttentionOf(self.model, default_layer(decoder_layers(self.model)) - 1)
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
         ids = [x[: self.max_source] for x in ids]
@@ -161,7 +182,7 @@ class Translator:
         batches = list(self._batches(order, ids))
 
         def decode(batch: list[int]) -> list[list[Hypothesis]]:
-            return self._search(self.source_tensor([ids[i] for i in batch]))
+            return self._search(self.source_tensor([ids[i] for i in batch]), view)
 
         if self.workers > 1 and len(batches) > 1:
             # Batches decoded side by side, one thread each: on small CPUs this beats
@@ -175,7 +196,7 @@ class Translator:
         return [
             Translation(
                 source=line,
-                hypotheses=[self._detok(h, ids[i]) for h in hyps[i]],
+                hypotheses=[self._detok(h, ids[i], attention) for h in hyps[i]],
                 truncated=truncated[i],
             )
             for i, line in enumerate(lines)
@@ -206,33 +227,42 @@ class Translator:
         # kernels for, as with the batch sizes in search.batch_bucket.
         return pad_sources(rows, multiple=8).to(self.device)
 
-    def _search(self, src: Tensor) -> list[list[Hypothesis]]:
+    def _search(self, src: Tensor, view: CrossAttentionOf | None = None) -> list[list[Hypothesis]]:
+        """Without a view, the plain search; with one, beam search recording its weights."""
         cfg = self.cfg
-        if cfg.beam_size == 1 and self.aligner is None:
+        if cfg.beam_size == 1 and view is None:
             return greedy_search(self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty)
         return beam_search(
-            self.model if self.aligner is None else self.aligner,
+            self.model if view is None else view,
             src,
             beam_size=cfg.beam_size,
             length_penalty=cfg.length_penalty,
             max_len_a=cfg.max_len_a,
             max_len_b=cfg.max_len_b,
             nbest=cfg.nbest,
-            need_weights=self.aligner is not None,
+            need_weights=view is not None,
         )
 
-    def _detok(self, hyp: Hypothesis, src_ids: list[int]) -> TranslatedHypothesis:
+    def _detok(
+        self, hyp: Hypothesis, src_ids: list[int], attention: bool = False
+    ) -> TranslatedHypothesis:
         text = self.vocab.tgt.decode(hyp.tokens)
         # One output line per input line, whatever the vocabulary can produce.
         text = " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
-        alignment = None
+        alignment, source_attention = None, None
         if hyp.attention is not None:
-            cross = np.stack([step[0].cpu().numpy() for step in hyp.attention])
-            pairs = hard_alignment(
-                cross, self.vocab.src.pieces(src_ids), self.vocab.tgt.pieces(hyp.tokens)
+            cross = np.stack([step[0].float().cpu().numpy() for step in hyp.attention])
+            src_pieces, tgt_pieces = (
+                self.vocab.src.pieces(src_ids),
+                self.vocab.tgt.pieces(hyp.tokens),
             )
-            alignment = format_alignment(pairs)
-        return TranslatedHypothesis(text, hyp.score, hyp.log_prob, len(hyp.tokens), alignment)
+            if self.aligner is not None:
+                alignment = format_alignment(hard_alignment(cross, src_pieces, tgt_pieces))
+            if attention:
+                source_attention = SourceAttention.of(cross, src_pieces, tgt_pieces)
+        return TranslatedHypothesis(
+            text, hyp.score, hyp.log_prob, len(hyp.tokens), alignment, source_attention
+        )
 
 
 def translate_lines(

@@ -12,7 +12,16 @@ from typer.testing import CliRunner
 from nmt_cli.cli import app
 
 runner = CliRunner()
-COMMANDS = [[], ["prepare"], ["train"], ["translate"], ["average-checkpoints"], ["score"], ["run"]]
+COMMANDS = [
+    [],
+    ["prepare"],
+    ["train"],
+    ["translate"],
+    ["average-checkpoints"],
+    ["score"],
+    ["run"],
+    ["export"],
+]
 # typer's own option, whose text we do not write
 THEIRS = ("--show-completion",)
 
@@ -61,3 +70,10 @@ def test_nbest_help_matches_its_output_and_the_formula_is_printed() -> None:
     text = " ".join(help_text(["translate"]).split())
     assert "N ||| text ||| score ||| logprob" in text
     assert "lp(Y) = ((5 + |Y|) / 6) ** alpha" in text
+
+
+def test_export_help_lists_every_quantization() -> None:
+    from nmt_cli.engines.export.ctranslate2 import QUANTIZATIONS
+
+    text = " ".join(help_text(["export"]).split())
+    assert all(q in text for q in QUANTIZATIONS)

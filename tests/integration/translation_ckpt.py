@@ -34,6 +34,13 @@ def tiny_vocab() -> VocabPair:
     return VocabPair.from_protos(proto, proto)
 
 
+def separate_vocab() -> VocabPair:
+    """Source and target SentencePiece models of different sizes (no shared matrix)."""
+    src = train_sentencepiece(sentences(400), vocab_size=48)
+    tgt = train_sentencepiece(sentences(400, seed=1), vocab_size=44)
+    return VocabPair.from_protos(src, tgt)
+
+
 def tiny_config(
     vocab: VocabPair, max_positions: int = 40, d_model: int = 32, n_heads: int = 2
 ) -> ModelConfig:
@@ -77,12 +84,14 @@ def copy_checkpoint(
     steps: int = 200,
     reverse: bool = False,
     pool: list[str] | None = None,
+    seed: int = 0,
 ) -> Path:
     """A model trained to copy `pool` (or to reverse its words), to be decoded exactly by
     the tests. The default pool, COPY_POOL, is learned by heart: such a model may write a
     word it does not attend to, as it knows the sentence. Trained on a large random pool,
-    it has to copy, and its cross-attention points at the word it writes."""
-    torch.manual_seed(0)
+    it has to copy, and its cross-attention points at the word it writes. A separate
+    target vocabulary is copied through; `seed` gives another model of the same data."""
+    torch.manual_seed(seed)
     cfg = tiny_config(vocab, d_model=64)
     model = Transformer(cfg)
     sources = COPY_POOL if pool is None else pool
@@ -90,7 +99,7 @@ def copy_checkpoint(
     pairs = list(zip(vocab.src.encode(sources), vocab.tgt.encode(targets), strict=True))
     opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
     decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (steps - s) / (0.3 * steps)))
-    rng = random.Random(0)
+    rng = random.Random(seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -45,6 +45,8 @@ class ScriptedModel:
     test_sequence_generator stub, but keyed on the prefix so beam order cannot matter).
     A prefix missing from the table ends with certainty."""
 
+    max_positions = None
+
     def __init__(self, table: Table, vocab: int = 6, default: dict[int, float] | None = None):
         self.table, self.vocab = table, vocab
         self.default = default or {EOS: 1.0}

@@ -1,0 +1,46 @@
+"""One checkpoint or several, as the one searchable model `nmt translate` decodes.
+
+Several checkpoints become an `Ensemble` (core/ensemble.py) after a check that they share
+their vocabularies; one checkpoint stays a plain Transformer, so a single model pays
+nothing for ensembling. Every member is built on the same device in the same precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.ensemble import Ensemble, check_same_vocabularies
+from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.vocab import VocabPair
+
+ModelPaths = str | Path | Sequence[str | Path]
+
+
+def as_paths(paths: ModelPaths) -> list[Path]:
+    """One path or several, as a list (a str is one path, not a sequence of letters)."""
+    return [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+
+
+def load_checkpoints(paths: ModelPaths) -> tuple[list[Checkpoint], list[str]]:
+    """Checkpoints and the names errors use for them (the paths as given)."""
+    files = as_paths(paths)
+    if not files:
+        raise ValueError("no checkpoint given")
+    return [load_checkpoint(p) for p in files], [str(p) for p in files]
+
+
+def build_decoder(
+    checkpoints: Sequence[Checkpoint],
+    names: Sequence[str],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[Transformer | Ensemble, VocabPair]:
+    """The model search decodes with, and the vocabularies its ids belong to."""
+    check_same_vocabularies([c.vocab for c in checkpoints], names)
+    built = [c.build_model().to(device=device, dtype=dtype) for c in checkpoints]
+    model: Transformer | Ensemble = built[0] if len(built) == 1 else Ensemble(built).eval()
+    return model, checkpoints[0].vocab
