@@ -36,8 +36,8 @@ import torch
 from nmt_cli.api import Translator
 from nmt_cli.config import Precision
 from nmt_cli.core.checkpoint import load_checkpoint
+from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.engines.export.run import ExportConfig, export_model
-from nmt_cli.engines.translate import available_cores
 
 Decode = Callable[[list[str], int], list[str]]  # (lines, batch size) -> translations
 
@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma list of systems to leave out")
     args = parser.parse_args()
     print("command:", " ".join(["python", *sys.argv]))
-    threads = args.threads or available_cores()
+    threads = args.threads or usable_cpus()
     lines, refs = read_gz(args.test_src), read_gz(args.ref)
     ckpt = load_checkpoint(args.model)
     cfg = ckpt.model_config

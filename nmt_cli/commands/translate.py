@@ -129,8 +129,8 @@ def translate(
     average the members' attention).
     """
     from nmt_cli.api import Translator
-    from nmt_cli.engines.translate import (
-        Translation,
+    from nmt_cli.engines.translate import Translation
+    from nmt_cli.engines.translate_stream import (
         format_translations,
         read_chunks,
         translate_stream,

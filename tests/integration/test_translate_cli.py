@@ -25,7 +25,8 @@ from typer.testing import CliRunner
 from nmt_cli.cli import app
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.translate import Translator, read_chunks, set_threads, translate_lines
+from nmt_cli.engines.translate import Translator, set_threads, translate_lines
+from nmt_cli.engines.translate_stream import read_chunks
 
 runner = CliRunner()
 
