@@ -25,20 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli.config import RecipeConfig
 from nmt_cli.core.batching import EpochPlan
 from nmt_cli.core.checkpoint import load_checkpoint, model_state
 from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.flops import matmul_rate
-from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.schedule import paper_adam, paper_learning_rate
 from nmt_cli.core.transformer import ModelConfig, Transformer, count_parameters
 from nmt_cli.core.vocab import PAD_ID, VocabPair
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.attention import attention_of
+from nmt_cli.engines.train.build import check_positions, describe_device, training_objective
 from nmt_cli.engines.train.checkpoints import (
     CheckpointKeeper,
     Position,
@@ -165,12 +164,7 @@ class _Trainer:
             multiple,
         )
         self.cfg = model_config_for(recipe, self.data.vocab)
-        longest = int(max(train_src.lengths.max(initial=0), train_tgt.lengths.max(initial=0)))
-        if longest + 1 > self.cfg.max_positions:
-            raise NmtError(
-                f"the training data has sentences of {longest} tokens but model.max_positions "
-                f"is {self.cfg.max_positions}; raise model.max_positions or lower data.max_len"
-            )
+        check_positions(self.cfg, train_src.lengths, train_tgt.lengths)
         self.precision = resolve_precision(tc.precision, ctx.device, "train.precision")
         resume = load_checkpoint(run.last) if run.last.is_file() else None
         torch.manual_seed(tc.seed)
@@ -181,20 +175,7 @@ class _Trainer:
         self.optimizer = paper_adam(
             self.model.parameters(), (tc.adam_beta1, tc.adam_beta2), tc.adam_eps
         )
-        objective: torch.nn.Module = TrainingObjective(
-            self.model,
-            tc.label_smoothing,
-            PAD_ID,
-            fused_projection=self.choices.fused_projection,
-            compile_backend="inductor" if self.choices.compile_model else None,
-        )
-        if ctx.distributed:
-            objective = DistributedDataParallel(
-                objective,
-                device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-                forward_sync_buffers=False,  # the only buffer is the fixed position table
-                gradient_as_bucket_view=True,
-            )
+        objective = training_objective(self.model, tc.label_smoothing, self.choices, ctx)
         self.updater = Updater(
             objective, self.optimizer, self.precision, ctx.device, tc.clip_norm, ctx.world
         )
@@ -257,7 +238,7 @@ class _Trainer:
         self.report.emit(
             TrainStarted(
                 run_dir=self.run.root,
-                device=_describe_device(self.ctx),
+                device=describe_device(self.ctx),
                 precision=self.precision,
                 split=self.split,
                 parameters=count_parameters(self.model),
@@ -367,15 +348,6 @@ class _Trainer:
                 f"gradients; the last good checkpoint is {self.run.last}. Lower "
                 "train.lr_scale, set train.clip_norm, or use precision bf16/fp32 instead of fp16"
             )
-
-
-def _describe_device(ctx: DistContext) -> str:
-    if ctx.device.type == "cuda":
-        name = torch.cuda.get_device_name(ctx.device)
-        return f"{ctx.world} x {name} (nccl)" if ctx.distributed else name
-    if ctx.distributed:
-        return f"cpu, {ctx.world} processes (gloo)"
-    return "cpu"
 
 
 def _set_threads(recipe: RecipeConfig, ctx: DistContext) -> None:
