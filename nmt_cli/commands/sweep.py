@@ -30,6 +30,9 @@ def sweep(
     jobs: int = typer.Option(0, "--jobs", help="Rows at once; 0 = one per GPU or CPU core."),
     gpus: int = typer.Option(0, "--gpus", help="GPUs to spread the rows over; 0 = the CPU."),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP + " Every row."),
+    table_only: bool = typer.Option(
+        False, "--table", help="Print the table of the rows done so far; run nothing."
+    ),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
@@ -38,11 +41,20 @@ def sweep(
     Rows already complete are skipped and interrupted rows resume, so rerunning the
     same command carries on. The table is also written to RUNS_DIR/sweep.json.
     """
-    from nmt_cli.engines.sweep import SweepOptions, load_sweep, run_sweep
+    from nmt_cli.engines.sweep import (
+        SweepOptions,
+        collect_sweep,
+        load_sweep,
+        run_sweep,
+        with_overrides,
+    )
 
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
         plan = load_sweep(sweep_file)
+        if table_only:
+            err_console.print(sweep_table(collect_sweep(with_overrides(plan, tuple(set_)))))
+            return
         options = SweepOptions(jobs=jobs, gpus=gpus, extra_overrides=tuple(set_))
         info(f"nmt sweep: {len(plan.rows)} rows of {plan.recipe} into {plan.runs_dir}", verbosity)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.config import ConfigError, RecipeConfig, load_recipe
+from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.files import atomic_write_text
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.run import RESULTS, RunOptions, run_recipe
@@ -44,6 +46,7 @@ from nmt_cli.engines.score import ScoreSettings, score_lines
 from nmt_cli.errors import NmtError
 
 SWEEP_RESULTS = "sweep.json"
+DEV_HYP = "dev.last.hyp"  # the dev set translated by the last checkpoint
 
 
 @dataclass(frozen=True)
@@ -170,31 +173,48 @@ def _strings(value: Any, path: Path, what: str) -> tuple[str, ...]:
 Notify = Callable[[str, RowResult], None]
 
 
+def with_overrides(plan: SweepPlan, extra: tuple[str, ...]) -> SweepPlan:
+    """The plan with `--set` overrides of the command line after its own."""
+    if not extra:
+        return plan
+    return SweepPlan(plan.source, plan.recipe, plan.runs_dir, (*plan.overrides, *extra), plan.rows)
+
+
+def collect_sweep(plan: SweepPlan) -> SweepResult:
+    """The table as it stands, running nothing: complete rows filled in, the rest pending."""
+    result = SweepResult(plan, [_describe(plan, row) for row in plan.rows])
+    for row, out in zip(plan.rows, result.rows, strict=True):
+        recipe = plan.row_recipe(row)
+        if _complete(Path(recipe.train.run_dir)):
+            _collect(recipe, out)
+            out.status = "done"
+    return result
+
+
 def run_sweep(
     plan: SweepPlan, options: SweepOptions | None = None, notify: Notify | None = None
 ) -> SweepResult:
     """Prepare once, run every row (skipping complete ones), and collect the table."""
     options = options or SweepOptions()
-    if options.extra_overrides:
-        plan = SweepPlan(
-            plan.source,
-            plan.recipe,
-            plan.runs_dir,
-            (*plan.overrides, *options.extra_overrides),
-            plan.rows,
-        )
+    plan = with_overrides(plan, options.extra_overrides)
     first = plan.row_recipe(plan.rows[0])
     run_recipe(first, RunOptions(until_stage="prepare"))
     jobs, threads = _layout(options)
     result = SweepResult(plan, [_describe(plan, row) for row in plan.rows])
+    slots: queue.Queue[int] = queue.Queue()  # GPU numbers (or CPU shares) free to take
+    for slot in range(jobs):
+        slots.put(slot)
 
     def work(index: int) -> None:
         row, out = plan.rows[index], result.rows[index]
+        slot = slots.get()
         try:
-            out.status = _run_row(plan, row, options, index % jobs, threads)
+            out.status = _run_row(plan, row, options, slot, threads)
             _collect(plan.row_recipe(row), out)
         except NmtError as exc:
             out.status = f"failed: {exc}"
+        finally:
+            slots.put(slot)
         if notify is not None:
             notify(row.name, out)
 
@@ -208,8 +228,7 @@ def _layout(options: SweepOptions) -> tuple[int, int]:
     """(rows at once, CPU threads per row)."""
     if options.gpus:
         return options.jobs or options.gpus, 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
+    cores = usable_cpus()
     jobs = options.jobs or cores
     return jobs, max(1, cores // jobs)
 
@@ -238,8 +257,7 @@ def _run_row(plan: SweepPlan, row: SweepRow, options: SweepOptions, slot: int, t
     beside the run directory. Returns the row's status."""
     recipe = plan.row_recipe(row)
     run_dir = Path(recipe.train.run_dir)
-    results = run_dir / RESULTS
-    if results.is_file() and (run_dir / "dev.last.hyp").is_file():
+    if _complete(run_dir):
         return "skipped (complete)"
     overrides = plan.row_overrides(row)
     env = dict(os.environ)
@@ -260,12 +278,17 @@ def _run_row(plan: SweepPlan, row: SweepRow, options: SweepOptions, slot: int, t
     return "done"
 
 
+def _complete(run_dir: Path) -> bool:
+    """A row is complete once `nmt run` wrote its results and the dev set is translated."""
+    return (run_dir / RESULTS).is_file() and (run_dir / DEV_HYP).is_file()
+
+
 def _translate_dev(
     recipe: RecipeConfig, run_dir: Path, threads: int, env: dict[str, str] | None
 ) -> None:
     """The dev set with the last checkpoint and the recipe's beam search, for dev BLEU."""
     source = open_data_dir(recipe.data.dir).raw_text("valid", "src")
-    out = run_dir / "dev.last.hyp"
+    out = run_dir / DEV_HYP
     d = recipe.decode
     cmd = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(run_dir / "checkpoints/last.pt")]
     cmd += ["-i", str(source), "-o", str(out), "--quiet", "--threads", str(threads)]
@@ -292,7 +315,7 @@ def _collect(recipe: RecipeConfig, out: RowResult) -> None:
             out.test_bleu_averaged = float(system["bleu"])
     data = open_data_dir(recipe.data.dir)
     refs = data.raw_text("valid", "tgt").read_text(encoding="utf-8").splitlines()
-    hyps = (run_dir / "dev.last.hyp").read_text(encoding="utf-8").splitlines()
+    hyps = (run_dir / DEV_HYP).read_text(encoding="utf-8").splitlines()
     settings = ScoreSettings(paper=False, lang=data.tgt_lang)
     out.dev_bleu = score_lines(hyps, [refs], settings, names=["dev", "ref"]).bleu.score
 

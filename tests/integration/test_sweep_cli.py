@@ -73,6 +73,17 @@ def test_sweep_runs_every_row_prints_table_3_and_skips_finished_rows(tmp_path: P
     assert again.exit_code == 0, again.output
     assert again.output.count("skipped (complete)") == 2
 
+    # the table of what is done so far, running nothing: one row made incomplete
+    (tmp_path / "runs" / "B_d_k=8" / "dev.last.hyp").unlink()
+    table = runner.invoke(app, ["sweep", str(grid), "--table"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "base" in table.output and "B d_k=8" in table.output
+    assert not (tmp_path / "runs" / "B_d_k=8" / "dev.last.hyp").exists()
+    base_line = next(line for line in table.output.splitlines() if "│ base" in line)
+    d_k_line = next(line for line in table.output.splitlines() if "│ B d_k=8" in line)
+    assert "e+" in base_line  # FLOPs of a finished row
+    assert d_k_line.rstrip("│ ").endswith("-")  # pending: no FLOPs yet
+
 
 @pytest.mark.parametrize("sweep", sorted((RECIPES / "sweeps").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_sweeps_load_every_row(sweep: Path) -> None:
