@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
-from nmt_cli.core.flops import train_flops
+from nmt_cli.core.flops import matmul_rate, train_flops
 from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
@@ -47,19 +47,10 @@ MODELS = {
     "base": ModelConfig(src_vocab_size=37000, tgt_vocab_size=37000),
 }  # fmt: skip
 
+PRECISIONS = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+
 # The peer's fairseq figures on this machine (../shared/PERF.md), target tokens/s.
 FAIRSEQ = {"fp32": 3000.0, "bf16": 3300.0}
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 6) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    best = math.inf
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
 
 
 def multi30k_like_batches(vocab: int, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
@@ -175,7 +166,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print("command:", shlex.join([sys.executable.split("/")[-1], *sys.argv]))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    cpu = torch.device("cpu")
+    peaks = {name: matmul_rate(cpu, dtype, n=2048, reps=6) for name, dtype in PRECISIONS}
     print(
         f"matmul peak (2048^3): fp32 {peaks['fp32'] / 1e9:,.0f} GFLOP/s, "
         f"bf16 {peaks['bf16'] / 1e9:,.0f} GFLOP/s"
