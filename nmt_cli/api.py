@@ -44,7 +44,7 @@ class Translator:
 
         `options` are DecodeConfig fields and override `config`: beam_size, length_penalty,
         max_len_a, max_len_b, nbest, batch_sentences, batch_tokens, precision ("auto",
-        "fp32", "bf16", "fp16"), device, threads, workers, buffer_lines. Sets torch's CPU
+        "fp32", "bf16", "fp16", "int8"), device, threads, workers, buffer_lines. Sets torch's CPU
         thread count the way `nmt translate` does (see engines.translate.set_threads).
         `alignment_layer` (1-based; 0: the penultimate) gives every hypothesis its word
         alignment, as `nmt translate --alignment`.
@@ -69,6 +69,11 @@ class Translator:
     @property
     def dtype(self) -> torch.dtype:
         return self.engine.dtype
+
+    @property
+    def precision(self) -> str:
+        """fp32, bf16, fp16 or int8: what the model computes in."""
+        return self.engine.precision
 
     @property
     def workers(self) -> int:

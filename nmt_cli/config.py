@@ -24,6 +24,9 @@ from nmt_cli.core.settings import SettingError, above, at_least, below, fraction
 from nmt_cli.errors import NmtError
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+# Decoding may also run int8 (CPU only): quantized linear layers, see core/decode_linear.py.
+DecodePrecision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
+DECODE_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 
 
 class ConfigError(NmtError):
@@ -145,7 +148,7 @@ class DecodeConfig:
     max_len_b: int = 50
     batch_sentences: int = 128
     batch_tokens: int = 0  # 0 = limit by sentences only
-    precision: Precision = "auto"
+    precision: DecodePrecision = "auto"
     average_last: int = 5  # checkpoints averaged for the final model (base 5, big 20)
     nbest: int = 1  # hypotheses kept per sentence (at most beam_size)
     device: str = "auto"  # "cpu", "cuda", "cuda:1", ...; auto = cuda if available
@@ -154,6 +157,7 @@ class DecodeConfig:
     buffer_lines: int = 2000  # read-ahead: lines sorted by length together, memory bound
 
     def __post_init__(self) -> None:
+        one_of("decode", self, "precision", DECODE_PRECISIONS)
         at_least("decode", self, 1, "beam_size", "batch_sentences", "buffer_lines")
         at_least("decode", self, 1, "average_last", "nbest")
         at_least("decode", self, 0, "length_penalty", "max_len_a", "max_len_b")

@@ -19,7 +19,7 @@ from nmt_cli.commands.common import (
     warn,
 )
 from nmt_cli.commands.progress import CountProgress
-from nmt_cli.config import DecodeConfig, Precision
+from nmt_cli.config import DECODE_PRECISIONS, DecodeConfig, DecodePrecision
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 from nmt_cli.outputs import check_output_path, open_output
@@ -82,7 +82,9 @@ def translate(
         help="Padded source tokens a batch; default 0: any.",
         show_default=False,
     ),
-    precision: str = typer.Option(_D.precision, "--precision", help="fp32, bf16, fp16 or auto."),
+    precision: str = typer.Option(
+        _D.precision, "--precision", help="fp32, bf16, fp16, int8 (CPU) or auto."
+    ),
     device: str = typer.Option(_D.device, "--device", help="cpu, cuda, cuda:N or auto."),
     threads: int = typer.Option(_D.threads, "--threads", help="CPU threads; 0 = all usable."),
     workers: int = typer.Option(
@@ -181,7 +183,7 @@ def translate(
         info(
             f"translated {stats.lines:,} lines in {stats.seconds:.2f}s "
             f"({stats.sentences_per_second:.1f} sent/s, {stats.tokens_per_second:.0f} tok/s; "
-            f"beam {cfg.beam_size}, {str(translator.dtype).removeprefix('torch.')}, "
+            f"beam {cfg.beam_size}, {translator.precision}, "
             f"{translator.device}, {translator.threads} threads, "
             f"{translator.workers} batches at once)",
             verbosity,
@@ -190,8 +192,10 @@ def translate(
 
 def _decode_config(**settings: object) -> DecodeConfig:
     """The decoding settings, with a bad value reported under its flag (exit code 2)."""
-    if settings["precision"] not in ("auto", "fp32", "bf16", "fp16"):
-        raise UsageError(f"--precision {settings['precision']!r}: use fp32, bf16, fp16 or auto")
+    if settings["precision"] not in DECODE_PRECISIONS:
+        raise UsageError(
+            f"--precision {settings['precision']!r}: use fp32, bf16, fp16, int8 or auto"
+        )
     try:
         return DecodeConfig(**settings)  # type: ignore[arg-type]
     except SettingError as exc:
@@ -206,5 +210,5 @@ def _line_count(path: Path | None) -> int | None:
     return sum(1 for _ in raw_lines(path))
 
 
-def _precision(value: str) -> Precision:
+def _precision(value: str) -> DecodePrecision:
     return value  # type: ignore[return-value]  # checked against the Literal above

@@ -1,8 +1,17 @@
 """Key/value cache for incremental decoding.
 
 Each decoder layer keeps its self-attention keys/values for the prefix decoded so far
-and the cross-attention keys/values of the encoder output, computed once per source.
-Beam search reorders the cache by an explicit index after every step.
+and the cross-attention keys/values of the encoder output, computed once per source,
+with the source padding as a boolean `cross_pad` (True where a key is padding) laid out
+for the scores. Beam search reorders the cache by an explicit index after every step.
+
+The tensors are held in `dtype`, which need not be the model's: on a CPU the decoder
+attends in float32 even when its matrices are bf16, because one-query attention is a
+handful of tiny batched products, and oneDNN's bf16 kernels spend 5-7x longer on those
+than the float32 ones do (measured in BENCHMARKS.md). The prefix grows by concatenation
+rather than into a preallocated buffer: a slice of a larger buffer is not contiguous,
+and batched products over such slices measured 1.4-4x slower than over the
+concatenated tensor, which costs more than the copies it saves.
 """
 
 from __future__ import annotations
@@ -17,14 +26,20 @@ from torch import Tensor
 class LayerCache:
     """Tensors are (B, h, L, d): B rows of the (flattened) batch x beam."""
 
+    dtype: torch.dtype
     self_k: Tensor | None = None
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    cross_pad: Tensor | None = None  # (B, 1, 1, S): True where the source is padding
 
     def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add this step's keys/values and return the whole prefix's."""
-        if self.self_k is not None and self.self_v is not None:
+        """Add this step's keys/values and return the whole prefix's, in the cache dtype."""
+        if self.self_k is None or self.self_v is None:
+            k, v = k.to(self.dtype).contiguous(), v.to(self.dtype).contiguous()
+        else:
+            # cat promotes the new position to the cache's dtype (float32 or the
+            # model's own) as it copies, without a separate cast
             k = torch.cat([self.self_k, k], dim=2)
             v = torch.cat([self.self_v, v], dim=2)
         self.self_k, self.self_v = k, v
@@ -37,8 +52,8 @@ class DecoderCache:
     length: int = 0  # positions already decoded; the next step's position index
 
     @classmethod
-    def empty(cls, n_layers: int) -> DecoderCache:
-        return cls([LayerCache() for _ in range(n_layers)])
+    def empty(cls, n_layers: int, dtype: torch.dtype) -> DecoderCache:
+        return cls([LayerCache(dtype) for _ in range(n_layers)])
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
         """Keep rows `index` (B',) of every cached tensor, in that order.
@@ -54,3 +69,5 @@ class DecoderCache:
             if cross and layer.cross_k is not None and layer.cross_v is not None:
                 layer.cross_k = layer.cross_k.index_select(0, index)
                 layer.cross_v = layer.cross_v.index_select(0, index)
+                if layer.cross_pad is not None:
+                    layer.cross_pad = layer.cross_pad.index_select(0, index)

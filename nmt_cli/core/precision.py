@@ -16,6 +16,7 @@ import torch
 from nmt_cli.errors import NmtError
 
 Precision = Literal["fp32", "bf16", "fp16"]
+DecodePrecision = Literal["fp32", "bf16", "fp16", "int8"]
 
 
 def cpu_supports_bf16() -> bool:
@@ -43,8 +44,24 @@ def resolve_precision(requested: str, device: torch.device, setting: str) -> Pre
     return requested  # type: ignore[return-value]
 
 
-def dtype_of(precision: Precision) -> torch.dtype:
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+def resolve_decode_precision(requested: str, device: torch.device, setting: str) -> DecodePrecision:
+    """`resolve_precision`, plus int8: quantized linear layers, which only CPUs run."""
+    if requested == "int8":
+        if device.type != "cpu":
+            raise NmtError(f"{setting} int8 runs on CPUs; on a GPU use bf16 or fp16")
+        return "int8"
+    return resolve_precision(requested, device, setting)
+
+
+def dtype_of(precision: DecodePrecision) -> torch.dtype:
+    """The floating-point dtype the model is held in (int8 models keep float32 around
+    their quantized matrices)."""
+    return {
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "int8": torch.float32,
+    }[precision]
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[None]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -126,36 +127,20 @@ class MultiHeadAttention(nn.Module):
         memory: Tensor | None = None,
         key_mask: Tensor | None = None,
         causal: bool = False,
-        cache: LayerCache | None = None,
         need_weights: bool = False,
     ) -> AttentionOutput:
-        """x: (B, L, D). key_mask: (B, 1, 1, M) boolean, True where a key may be attended.
-
-        With a cache, self-attention appends this step's keys/values to it and
-        cross-attention reads the keys/values computed once from the encoder output.
-        """
+        """x: (B, L, D). key_mask: (B, 1, 1, M) boolean, True where a key may be attended."""
         if self.self_attention:
             q, k, v = self.qkv(x).split([self.h * self.d_k] * 2 + [self.h * self.d_v], dim=-1)
             q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
-            if cache is not None:
-                k, v = cache.append_self(k, v)
         else:
+            assert memory is not None, "cross-attention needs the encoder output"
             q = self._heads(self.q(x), self.d_k)
-            if cache is not None and cache.cross_k is not None and cache.cross_v is not None:
-                k, v = cache.cross_k, cache.cross_v
-            else:
-                assert memory is not None, "cross-attention needs the encoder output"
-                k, v = self.project_kv(memory)
-                if cache is not None:
-                    cache.cross_k, cache.cross_v = k, v
+            k, v = self.project_kv(memory)
         dropout_p = self.dropout_p if self.training else 0.0
         weights: Tensor | None = None
         if need_weights:
             ctx, weights = self._explicit(q, k, v, key_mask, causal, dropout_p)
-        elif q.size(2) == 1 and not self.training:
-            # One query per row (incremental decoding): two small matrix products beat
-            # SDPA's CPU kernel by 2x in fp32 and 3-4x in bf16 at beam-search shapes.
-            ctx, _ = self._explicit(q, k, v, key_mask, False, 0.0)
         elif self.training and q.device.type == "cpu":
             # Training on a CPU with sentence-length sequences: the fused kernel's backward
             # pass is 1.5-3x slower than the written-out form, whose score matrices are
@@ -170,6 +155,47 @@ class MultiHeadAttention(nn.Module):
         b, _, length, _ = ctx.shape
         ctx = ctx.transpose(1, 2).reshape(b, length, self.h * self.d_v)
         return AttentionOutput(self.out(ctx), weights)
+
+    def step(
+        self,
+        x: Tensor,
+        cache: LayerCache,
+        memory: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        """One new query per row (incremental decoding): x (B, 1, D).
+
+        Self-attention appends this position's keys/values to the cache and attends over
+        the whole prefix (no causal mask: the newest position may see every cached key).
+        Cross-attention projects `memory` on the first step and reads the cache after.
+        The softmax(QK^T / sqrt(d_k)) V is written out as two small batched products in
+        the cache's dtype (see core/cache.py), which at one query per row beat the fused
+        SDPA kernel on CPUs; its weights are then free to return.
+        """
+        b = x.size(0)
+        pad: Tensor | None = None
+        if self.self_attention:
+            q, k, v = self.qkv(x).split([self.h * self.d_k] * 2 + [self.h * self.d_v], dim=-1)
+            k, v = cache.append_self(
+                k.reshape(b, self.h, 1, self.d_k), v.reshape(b, self.h, 1, self.d_v)
+            )
+        else:
+            q = self.q(x)
+            if cache.cross_k is None or cache.cross_v is None:
+                assert memory is not None and key_mask is not None, "the first step needs them"
+                mem_k, mem_v = self.project_kv(memory)
+                cache.cross_k = mem_k.to(cache.dtype).contiguous()
+                cache.cross_v = mem_v.to(cache.dtype).contiguous()
+                cache.cross_pad = ~key_mask
+            k, v, pad = cache.cross_k, cache.cross_v, cache.cross_pad
+        q = q.reshape(b, self.h, 1, self.d_k).to(cache.dtype)
+        scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(self.d_k))
+        if pad is not None:
+            scores.masked_fill_(pad, float("-inf"))
+        weights = scores.softmax(-1)
+        ctx = torch.matmul(weights, v).reshape(b, 1, self.h * self.d_v).to(x.dtype)
+        return AttentionOutput(self.out(ctx), weights if need_weights else None)
 
     def _explicit(
         self,
@@ -242,21 +268,28 @@ class DecoderLayer(nn.Module):
         self.dropout = Dropout(cfg.dropout)
 
     def forward(
+        self, y: Tensor, memory: Tensor, src_mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """-> (output, self-attention weights, cross-attention weights); weights only
+        when asked for."""
+        a = self.self_attn(y, causal=True, need_weights=need_weights)
+        y = self.norm1(self.dropout.add(y, a.values))
+        c = self.cross_attn(y, memory, key_mask=src_mask, need_weights=need_weights)
+        y = self.norm2(self.dropout.add(y, c.values))
+        return self.norm3(self.dropout.add(y, self.ffn(y))), a.weights, c.weights
+
+    def step(
         self,
         y: Tensor,
         memory: Tensor,
         src_mask: Tensor,
-        cache: LayerCache | None = None,
+        cache: LayerCache,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """-> (output, self-attention weights, cross-attention weights); weights only
-        when asked for."""
-        # With a cache, the single query position is the newest one, so it may see every
-        # cached key: no causal mask is needed (and SDPA's would be aligned wrongly).
-        causal = cache is None
-        a = self.self_attn(y, causal=causal, cache=cache, need_weights=need_weights)
+        """`forward` for one new position per row, continuing the cached prefix."""
+        a = self.self_attn.step(y, cache, need_weights=need_weights)
         y = self.norm1(self.dropout.add(y, a.values))
-        c = self.cross_attn(y, memory, key_mask=src_mask, cache=cache, need_weights=need_weights)
+        c = self.cross_attn.step(y, cache, memory, src_mask, need_weights)
         y = self.norm2(self.dropout.add(y, c.values))
         return self.norm3(self.dropout.add(y, self.ffn(y))), a.weights, c.weights
 
@@ -290,6 +323,8 @@ class Transformer(nn.Module):
         self.tgt_embed = Embedding(tgt_tokens, cfg)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # A decode-only replacement of the tied output projection (core/decode_linear.py).
+        self.projection: nn.Module | None = None
         for name, p in self.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
@@ -338,32 +373,25 @@ class Transformer(nn.Module):
         return x, weights
 
     def decode(
-        self,
-        tgt_in: Tensor,
-        memory: Tensor,
-        src_mask: Tensor,
-        cache: DecoderCache | None = None,
-        need_weights: bool = False,
+        self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, need_weights: bool = False
     ) -> DecoderOutput:
-        """tgt_in: (B, T) ids; with a cache, T new positions continue the cached prefix."""
-        start = cache.length if cache is not None else 0
-        y = self.tgt_embed(tgt_in, start)
+        """tgt_in: (B, T) ids, every position at once (teacher forcing)."""
+        y = self.tgt_embed(tgt_in)
         cross: list[Tensor] = []
         own: list[Tensor] = []
-        for i, layer in enumerate(self.decoder):
-            layer_cache = cache.layers[i] if cache is not None else None
-            y, self_w, cross_w = layer(y, memory, src_mask, layer_cache, need_weights)
+        for layer in self.decoder:
+            y, self_w, cross_w = layer(y, memory, src_mask, need_weights)
             if self_w is not None and cross_w is not None:
                 own.append(self_w)
                 cross.append(cross_w)
-        if cache is not None:
-            cache.length += tgt_in.size(1)
         if not need_weights:
             return DecoderOutput(y, None)
         return DecoderOutput(y, cross, own)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) -> (..., V) through the tied output projection, no bias."""
+        if self.projection is not None:
+            return self.projection(hidden)
         return F.linear(hidden, self.output_weight)
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
@@ -383,7 +411,11 @@ class Transformer(nn.Module):
                 module.backend = policy
 
     def new_cache(self) -> DecoderCache:
-        return DecoderCache.empty(len(self.decoder))
+        """An empty cache; on a CPU it attends in float32 whatever the model's dtype
+        (core/cache.py says why), elsewhere in the model's dtype."""
+        weight = self.output_weight
+        dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
+        return DecoderCache.empty(len(self.decoder), dtype)
 
     def decode_step(
         self,
@@ -401,12 +433,18 @@ class Transformer(nn.Module):
         row-first tensors (what search records): every decoder layer's self-attention
         (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S).
         """
-        out = self.decode(last_tokens[:, None], memory, src_mask, cache, need_weights)
-        logits = self.logits(out.hidden[:, -1])
-        weights = None
-        if out.self_attention is not None and out.cross_attention is not None:
-            weights = [*out.self_attention, *out.cross_attention]
-        return logits.float().log_softmax(-1), weights
+        y = self.tgt_embed(last_tokens[:, None], cache.length)
+        own: list[Tensor] = []
+        cross: list[Tensor] = []
+        for layer, layer_cache in zip(self.decoder, cache.layers, strict=True):
+            step = cast(DecoderLayer, layer).step
+            y, self_w, cross_w = step(y, memory, src_mask, layer_cache, need_weights)
+            if self_w is not None and cross_w is not None:
+                own.append(self_w)
+                cross.append(cross_w)
+        cache.length += 1
+        logits = self.logits(y[:, -1])
+        return logits.float().log_softmax(-1), [*own, *cross] if need_weights else None
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.decode_linear import specialise_linears
 from nmt_cli.core.ensemble import Ensemble, check_same_vocabularies
+from nmt_cli.core.precision import DecodePrecision, dtype_of
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
 
@@ -37,10 +39,18 @@ def build_decoder(
     checkpoints: Sequence[Checkpoint],
     names: Sequence[str],
     device: torch.device,
-    dtype: torch.dtype,
+    precision: DecodePrecision,
 ) -> tuple[Transformer | Ensemble, VocabPair]:
-    """The model search decodes with, and the vocabularies its ids belong to."""
+    """The model search decodes with, and the vocabularies its ids belong to.
+
+    On a CPU, bf16 models get their linear layers packed once for oneDNN and int8
+    models get quantized ones (core/decode_linear.py): decode-only models either way.
+    """
     check_same_vocabularies([c.vocab for c in checkpoints], names)
-    built = [c.build_model().to(device=device, dtype=dtype) for c in checkpoints]
+    dtype = dtype_of(precision)
+    built = [c.build_model().to(device=device, dtype=dtype).eval() for c in checkpoints]
+    if device.type == "cpu" and precision in ("bf16", "int8"):
+        for member in built:
+            specialise_linears(member, "int8" if precision == "int8" else "packed-bf16")
     model: Transformer | Ensemble = built[0] if len(built) == 1 else Ensemble(built).eval()
     return model, checkpoints[0].vocab

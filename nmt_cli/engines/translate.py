@@ -22,7 +22,7 @@ from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint
 from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.ensemble import Ensemble
-from nmt_cli.core.precision import dtype_of, resolve_precision
+from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
@@ -88,8 +88,11 @@ class Translator:
         cfg: DecodeConfig,
         workers: int = 1,
         alignment_layer: int | None = None,
+        precision: DecodePrecision | None = None,
     ) -> None:
         self.model, self.vocab, self.cfg = model, vocab, cfg
+        # What the model computes in, for reports: its dtype unless built as int8.
+        self.precision = precision or str(self.dtype).removeprefix("torch.")
         self.max_source = model.max_positions - 1  # room for the source's EOS
         self.device = next(model.parameters()).device
         self.workers = workers if self.device.type == "cpu" else 1
@@ -115,9 +118,9 @@ class Translator:
         ckpts = [ckpt] if isinstance(ckpt, Checkpoint) else list(ckpt)
         names = list(names) if names is not None else [f"model {i + 1}" for i in range(len(ckpts))]
         device = resolve_device(cfg.device)
-        dtype = dtype_of(resolve_precision(cfg.precision, device, "--precision"))
-        model, vocab = build_decoder(ckpts, names, device, dtype)
-        return cls(model, vocab, cfg, workers, alignment_layer)
+        precision = resolve_decode_precision(cfg.precision, device, "--precision")
+        model, vocab = build_decoder(ckpts, names, device, precision)
+        return cls(model, vocab, cfg, workers, alignment_layer, precision)
 
     @classmethod
     def load(

@@ -57,7 +57,7 @@ def test_copy_model_round_trips_raw_text_in_input_order(copier: Path) -> None:
     assert "translated 24 lines" in err
 
 
-def test_greedy_fp32_bf16_and_token_batches_agree(copier: Path) -> None:
+def test_greedy_fp32_bf16_int8_and_token_batches_agree(copier: Path) -> None:
     text = "\n".join(LINES) + "\n"
     outs = {
         run(["-m", str(copier), *extra, "-q"], text)[1]
@@ -65,6 +65,8 @@ def test_greedy_fp32_bf16_and_token_batches_agree(copier: Path) -> None:
             ["--beam", "1"],
             ["--precision", "fp32"],
             ["--precision", "bf16", "--batch-tokens", "20"],
+            ["--precision", "int8"],
+            ["--precision", "int8", "--batch-size", "1"],
             ["--batch-size", "1"],
         )
     }
@@ -166,6 +168,8 @@ def test_bad_checkpoints_and_options_are_clear_errors(tmp_path: Path, random_ckp
     assert code == 2 and "--nbest must not exceed the beam size (4), got 5" in err
     code, _, err = run(["-m", str(random_ckpt), "-i", str(tmp_path / "nope.txt")])
     assert code == 1 and "nope.txt: no such file" in err
+    code, _, err = run(["-m", str(random_ckpt), "--precision", "int4"], "x\n")
+    assert code == 2 and "--precision 'int4': use fp32, bf16, fp16, int8 or auto" in err
 
 
 def test_help_prints_the_length_penalty_formula() -> None:

@@ -1,0 +1,185 @@
+"""Decode-only linear layers: packed bf16 is exact, int8 is close, both decode the same.
+
+And the float32 decoder step (attention written out in the cache, no fused kernel) gives
+the same tokens and scores as recomputing every prefix through the teacher-forced path.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reverser import reverse_batch
+from torch import Tensor, nn
+
+from nmt_cli.core.decode_linear import Int8Linear, PackedLinear, specialise_linears
+from nmt_cli.core.precision import resolve_decode_precision
+from nmt_cli.core.search import beam_search, greedy_search
+from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.errors import NmtError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+needs_mkldnn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="oneDNN is not in this PyTorch build"
+)
+
+
+def _batch() -> Tensor:
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 40, (5, 8), generator=g)
+    src[:, -1] = 3
+    src[1, 5:] = 0
+    src[1, 4] = 3
+    src[3, 3:] = 0
+    src[3, 2] = 3
+    return src
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("shape", [(4, 32), (3, 1, 32), (2, 5, 32)])
+def test_packed_bf16_linear_equals_the_plain_one_bit_for_bit(shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 48).to(torch.bfloat16)
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    packed = PackedLinear(layer.weight, layer.bias)
+    assert torch.equal(packed(x), layer(x))
+    no_bias = PackedLinear(layer.weight, None)
+    assert torch.equal(no_bias(x), F.linear(x, layer.weight))
+
+
+def test_int8_linear_is_within_quantization_error() -> None:
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 96)
+    x = torch.randn(7, 64)
+    y = Int8Linear(layer.weight, layer.bias)(x)
+    expected = layer(x).detach()
+    assert y.dtype == torch.float32 and y.shape == expected.shape
+    # 8-bit weights and activations: about 1% of the output's range, far from 0 or random
+    error = (y - expected).abs().max() / expected.abs().max()
+    assert 0 < error < 0.03
+
+
+def test_specialise_swaps_every_linear_and_the_tied_projection(
+    tiny_config: ModelConfig,
+) -> None:
+    torch.manual_seed(0)
+    model = Transformer(tiny_config).eval()
+    n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
+    specialise_linears(model, "int8")
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == n_linear + 1
+    assert isinstance(model.projection, Int8Linear)
+    assert model.projection.out_features == tiny_config.tgt_vocab_size
+
+
+def _decode_steps(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
+    mask = model.source_mask(src)
+    with torch.inference_mode():
+        memory = model.encode(src, mask)
+        cache = model.new_cache()
+        steps = [model.decode_step(tgt[:, t], memory, mask, cache)[0] for t in range(tgt.size(1))]
+    return torch.stack(steps, 1)
+
+
+@needs_mkldnn
+def test_packed_bf16_model_decodes_exactly_as_the_plain_bf16_model(
+    tiny_config: ModelConfig,
+) -> None:
+    torch.manual_seed(0)
+    plain = Transformer(tiny_config).eval().to(torch.bfloat16)
+    packed = Transformer(tiny_config).eval().to(torch.bfloat16)
+    packed.load_state_dict(plain.state_dict())
+    specialise_linears(packed, "packed-bf16")
+    src, tgt = _batch(), torch.randint(4, 40, (5, 6), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(_decode_steps(packed, src, tgt), _decode_steps(plain, src, tgt))
+    hyps_plain = beam_search(plain, src, beam_size=3, max_len_b=6, nbest=2)
+    hyps_packed = beam_search(packed, src, beam_size=3, max_len_b=6, nbest=2)
+    assert [[h.tokens for h in s] for s in hyps_packed] == [
+        [h.tokens for h in s] for s in hyps_plain
+    ]
+
+
+def test_int8_model_scores_close_to_float32(tiny_config: ModelConfig) -> None:
+    torch.manual_seed(0)
+    fp32 = Transformer(tiny_config).eval()
+    int8 = Transformer(tiny_config).eval()
+    int8.load_state_dict(fp32.state_dict())
+    specialise_linears(int8, "int8")
+    src, tgt = _batch(), torch.randint(4, 40, (5, 6), generator=torch.Generator().manual_seed(4))
+    a, b = _decode_steps(fp32, src, tgt), _decode_steps(int8, src, tgt)
+    assert (a.exp() - b.exp()).abs().max() < 0.02  # probabilities within two points
+
+
+def test_int8_decoding_is_refused_on_a_gpu() -> None:
+    with pytest.raises(NmtError, match="int8 runs on CPUs"):
+        resolve_decode_precision("int8", torch.device("cuda"), "--precision")
+    assert resolve_decode_precision("int8", torch.device("cpu"), "--precision") == "int8"
+
+
+def test_int8_keeps_a_trained_model_exact(reverser: Transformer) -> None:
+    model = copy.deepcopy(reverser)
+    specialise_linears(model, "int8")
+    src, _, tgt_out = reverse_batch(100, torch.Generator().manual_seed(123))
+    expected = [[t for t in row.tolist() if t > 3] for row in tgt_out]
+    assert [h[0].tokens for h in beam_search(model, src, beam_size=4)] == expected
+
+
+class FullRecompute:
+    """A searchable model with no incremental state: every step runs the teacher-forced
+    decoder over the whole prefix (the training path) and keeps the last position. Its
+    cache is just the prefixes, reordered by search like any other."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.model = model
+        self.max_positions = model.max_positions
+
+    def source_mask(self, src: Tensor) -> Tensor:
+        return self.model.source_mask(src)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.model.encode(src, src_mask)
+
+    def new_cache(self) -> _Prefixes:
+        return _Prefixes()
+
+    def decode_step(
+        self, last: Tensor, memory: Any, src_mask: Tensor, cache: _Prefixes, **_: Any
+    ) -> tuple[Tensor, None]:
+        cache.append(last)
+        memory = memory.index_select(0, cache.rows)  # search reorders only the cache
+        hidden = self.model.decode(cache.tokens, memory, src_mask).hidden
+        return self.model.logits(hidden[:, -1]).float().log_softmax(-1), None
+
+
+class _Prefixes:
+    def __init__(self) -> None:
+        self.tokens = torch.empty(0, 0, dtype=torch.long)
+        self.rows = torch.empty(0, dtype=torch.long)  # each row's sentence in the batch
+
+    def append(self, last: Tensor) -> None:
+        if self.tokens.numel() == 0:
+            self.tokens = last[:, None]
+            self.rows = torch.arange(last.size(0))
+        else:
+            self.tokens = torch.cat([self.tokens, last[:, None]], 1)
+
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        self.tokens, self.rows = self.tokens[index], self.rows[index]
+
+
+def test_float32_search_equals_recomputing_every_prefix(reverser: Transformer) -> None:
+    """Three hundred sentences of a trained model, beam 4 with 4-best lists: the fast
+    decoder step finds the same hypotheses, in the same order, with the same scores."""
+    src, _, _ = reverse_batch(300, torch.Generator().manual_seed(7), max_len=7)
+    fast = beam_search(reverser, src, beam_size=4, nbest=4, max_len_b=8)
+    slow = beam_search(FullRecompute(reverser), src, beam_size=4, nbest=4, max_len_b=8)
+    assert [[h.tokens for h in s] for s in fast] == [[h.tokens for h in s] for s in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+    greedy = greedy_search(reverser, src, max_len_b=8)
+    slow_greedy = beam_search(FullRecompute(reverser), src, beam_size=1, max_len_b=8)
+    assert [g[0].tokens for g in greedy] == [s[0].tokens for s in slow_greedy]
