@@ -83,7 +83,7 @@ def translate(
         show_default=False,
     ),
     precision: str = typer.Option(
-        _D.precision, "--precision", help="fp32, bf16, fp16, int8 (CPU) or auto."
+        _D.precision, "--precision", help="fp32, bf16, fp16, int8 or auto."
     ),
     device: str = typer.Option(_D.device, "--device", help="cpu, cuda, cuda:N or auto."),
     threads: int = typer.Option(_D.threads, "--threads", help="CPU threads; 0 = all usable."),

@@ -189,13 +189,18 @@ class MultiHeadAttention(nn.Module):
                 cache.cross_v = mem_v.to(cache.dtype).contiguous()
                 cache.cross_pad = ~key_mask
             k, v, pad = cache.cross_k, cache.cross_v, cache.cross_pad
-        q = q.reshape(b, self.h, 1, self.d_k).to(cache.dtype)
-        scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(self.d_k))
+        # Rows x heads folded into one batch dimension (free views of the contiguous
+        # cache): bmm directly, without matmul's reshapes of 4-d operands.
+        bh, keys = b * self.h, k.size(2)
+        q = q.reshape(bh, 1, self.d_k).to(cache.dtype)
+        scores = torch.bmm(q, k.view(bh, keys, self.d_k).transpose(1, 2))
+        scores.div_(math.sqrt(self.d_k))
         if pad is not None:
-            scores.masked_fill_(pad, float("-inf"))
+            scores.view(b, self.h, 1, keys).masked_fill_(pad, float("-inf"))
         weights = scores.softmax(-1)
-        ctx = torch.matmul(weights, v).reshape(b, 1, self.h * self.d_v).to(x.dtype)
-        return AttentionOutput(self.out(ctx), weights if need_weights else None)
+        ctx = torch.bmm(weights, v.view(bh, keys, self.d_v)).view(b, 1, self.h * self.d_v)
+        out = self.out(ctx.to(x.dtype))
+        return AttentionOutput(out, weights.view(b, self.h, 1, keys) if need_weights else None)
 
     def _explicit(
         self,

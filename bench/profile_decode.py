@@ -1,0 +1,78 @@
+"""Where a decoder step's time goes: PyTorch's profiler over `nmt translate`'s search.
+
+    python bench/profile_decode.py DIR/test_2016_flickr.en.gz \\
+        --model runs/multi30k-en-de/average.pt --precision bf16 --batch 1
+
+Translates the first --lines sentences one batch at a time (beam 4, one thread), as
+`nmt translate --batch-size N` does, and prints per decoder step: how many times each
+operator ran, its own time, and the share of the step, plus the wall time per step
+and what the profiler does not see (Python between the operators). Operator times are
+inflated by the profiler itself and by other load on the machine; the counts are exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from nmt_cli.config import DecodeConfig
+from nmt_cli.core.checkpoint import load_checkpoint
+from nmt_cli.engines.translate import Translator, set_threads
+
+
+def read_lines(path: Path, n: int) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return [line.rstrip("\n") for _, line in zip(range(n), fh, strict=False)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path, help="text to translate (.gz or plain)")
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--precision", default="bf16", help="fp32, bf16 or int8")
+    parser.add_argument("--batch", type=int, default=1, help="sentences a batch")
+    parser.add_argument("--lines", type=int, default=50)
+    parser.add_argument("--top", type=int, default=25, help="operators listed")
+    args = parser.parse_args()
+    print("command:", " ".join(["python", *sys.argv]))
+    set_threads(1, 1)
+    lines = read_lines(args.source, args.lines)
+    cfg = DecodeConfig(beam_size=4, precision=args.precision, batch_sentences=args.batch)
+    translator = Translator.from_checkpoint(load_checkpoint(args.model), cfg, 1)
+    translator.translate(lines[:8])  # warm-up: kernels, allocator
+
+    start = time.perf_counter()
+    translator.translate(lines)
+    wall = time.perf_counter() - start
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        translator.translate(lines)
+    events = prof.key_averages()
+    # Every beam-search step runs one top-k over its candidates (greedy: one max).
+    steps = sum(e.count for e in events if e.key == "aten::topk") or sum(
+        e.count for e in events if e.key == "aten::max"
+    )
+    seen_us = sum(e.self_cpu_time_total for e in events)
+    print(
+        f"{len(lines)} sentences, {args.precision}, batch {args.batch}, beam 4, 1 thread: "
+        f"{steps} steps, {wall / steps * 1e3:.3f} ms a step unprofiled "
+        f"({len(lines) / wall:.1f} sentences/s)"
+    )
+    print(f"operators seen by the profiler: {seen_us / steps / 1e3:.3f} ms a step")
+    print(f"{'operator':<36}{'calls/step':>11}{'us/step':>10}{'share':>8}")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.top]:
+        per_step = e.self_cpu_time_total / steps
+        share = e.self_cpu_time_total / seen_us
+        print(f"{e.key:<36}{e.count / steps:>11.1f}{per_step:>10.1f}{share:>8.1%}")
+    calls = sum(e.count for e in events) / steps
+    print(f"all operators: {calls:.0f} calls a step")
+
+
+if __name__ == "__main__":
+    main()
