@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from nmt_cli.config import DecodeConfig
