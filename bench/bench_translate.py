@@ -1,42 +1,97 @@
-"""Decoding speed of `nmt translate` (beam 4) on Multi30k test_2016_flickr, and peak memory.
+"""Decoding speed of `nmt translate` next to CTranslate2, in one run, and peak memory.
 
-    nmt run recipes/multi30k-en-de.toml          # the peer's model size, trained 20 minutes
-    python bench/bench_translate.py ../shared/data/multi30k/test_2016_flickr.en.gz \\
-        --model runs/multi30k-en-de/average.pt \\
-        --ref ../shared/data/multi30k/test_2016_flickr.de.gz
+    nmt run recipes/multi30k-en-de.toml          # a trained Multi30k EN-DE model
+    python bench/bench_translate.py DIR/test_2016_flickr.en.gz \\
+        --model runs/multi30k-en-de/average.pt --ref DIR/test_2016_flickr.de.gz
 
-The model must be trained: decoding speed depends on output lengths, and an untrained
-model runs every sentence to the length limit.
+(DIR: a local copy of Multi30k.) The model must be trained: decoding speed depends on
+output lengths, and an untrained model runs every sentence to the length limit.
 
-Prints sentences/s and target tokens/s at batch 128 and batch 1, fp32 and bf16, and the
-peak resident memory of `nmt translate` subprocesses on the test set and on a generated
-200,000-line input, with the exact command used.
+A speed ratio counts only when both systems ran in the same run on the same machine, so
+the checkpoint is exported with `nmt export --to ctranslate2` (float32 and int8) into a
+temporary directory and CTranslate2 decodes the same sentences with the same settings
+(beam 4, alpha 0.6, at most |source| + 50 tokens; see peer_ct2.py for the two differences
+that remain) and the same SentencePiece model, at batch 128 (the test set) and batch 1
+(its first `--single` sentences), in two core layouts:
+
+- one core: nmt `set_threads(1, 1)`, CTranslate2 inter_threads=1, intra_threads=1;
+- all usable cores, N: nmt decodes N batches side by side, one thread each (what
+  `nmt translate` does by default), CTranslate2 inter_threads=N, intra_threads=1 with
+  its batches submitted asynchronously, so they run side by side too.
+
+Prints every row (sentences/s, target tokens/s, sacreBLEU at batch 128 with --ref, nmt's
+ratio to CTranslate2 in the same layout and batch: nmt fp32 and bf16 against float32,
+nmt int8 against int8), the issue's table per layout, the latency of one line at a time
+(bench_interactive.py), and the peak resident memory of fresh `nmt translate` processes
+on the test set, on 20 copies of it and on a 200,000-line input with capped outputs.
+A precision the installed nmt refuses is skipped with a note.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
-import math
+import platform
 import resource
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 import torch
+from peer_ct2 import Ct2Decoder, Output, export
 
-from nmt_cli.config import DecodeConfig, Precision
+from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.engines.translate import Translator, set_threads
+from nmt_cli.errors import NmtError
 
-PEERS = {  # sentences/s on this machine, beam 4 (../shared/PERF.md)
-    ("batch", "fairseq"): 80.0,
-    ("batch", "ctranslate2"): 180.0,
-    ("single", "fairseq"): 15.0,
-    ("single", "ctranslate2"): 35.0,
-}
+Decode = Callable[[list[str]], list[Output]]
+# What each nmt precision is compared with: CTranslate2's nearest compute type.
+PEER_OF = {"fp32": "float32", "bf16": "float32", "int8": "int8"}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`cores` batches decoded side by side, one thread each (1: everything on one core)."""
+
+    cores: int
+
+    @property
+    def name(self) -> str:
+        return "1 core" if self.cores == 1 else f"{self.cores} cores"
+
+    def describe(self) -> str:
+        n = self.cores
+        return (
+            f"{self.name}: nmt set_threads({n}, {n}) ({n} batch(es) at once, 1 thread each); "
+            f"CTranslate2 inter_threads={n}, intra_threads=1"
+        )
+
+
+@dataclass(frozen=True)
+class Row:
+    system: str  # "nmt bf16", "CT2 int8"
+    layout: Layout
+    batch: int
+    sentences: int
+    seconds: float
+    tokens: int
+    bleu: float | None = None
+
+    @property
+    def sent_s(self) -> float:
+        return self.sentences / self.seconds
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
 
 
 def read_gz(path: Path) -> list[str]:
@@ -44,25 +99,33 @@ def read_gz(path: Path) -> list[str]:
         return [line.rstrip("\n") for line in fh]
 
 
-def measure(
-    ckpt: Checkpoint, lines: list[str], precision: Precision, batch: int, threads: int, workers: int
-) -> tuple[dict[str, float], list[str]]:
-    cfg = DecodeConfig(beam_size=4, precision=precision, batch_sentences=batch)
-    threads, workers = set_threads(threads, workers)
+def nmt_decoder(ckpt: Checkpoint, precision: str, layout: Layout, batch: int) -> Decode:
+    """nmt's Translator as `nmt translate` builds it: NmtError (or a SettingError) when
+    this nmt does not know `precision`."""
+    cfg = DecodeConfig(precision=precision, batch_sentences=batch, device="cpu")  # type: ignore[arg-type]
+    _, workers = set_threads(layout.cores, layout.cores)
     translator = Translator.from_checkpoint(ckpt, cfg, workers)
-    translator.translate(lines[:8])  # warm-up: oneDNN kernels, allocator
+
+    def decode(lines: list[str]) -> list[Output]:
+        out: list[Output] = []
+        for lo in range(0, len(lines), cfg.buffer_lines):  # the command's chunks
+            for r in translator.translate(lines[lo : lo + cfg.buffer_lines]):
+                out.append(Output(r.text, r.hypotheses[0].length if r.hypotheses else 0))
+        return out
+
+    return decode
+
+
+def ct2_decoder(model_dir: Path, compute_type: str, layout: Layout, batch: int) -> Decode:
+    decoder = Ct2Decoder(model_dir, compute_type, layout.cores)
+    return lambda lines: decoder.translate(lines, batch)
+
+
+def timed(decode: Decode, lines: list[str]) -> tuple[float, list[Output]]:
+    decode(lines[:8])  # warm-up: kernels, allocators
     start = time.perf_counter()
-    results = translator.translate(lines)
-    seconds = time.perf_counter() - start
-    tokens = sum(r.hypotheses[0].length for r in results if r.hypotheses)
-    figures = {
-        "sentences": len(lines),
-        "seconds": seconds,
-        "sent_s": len(lines) / seconds,
-        "tok_s": tokens / seconds,
-        "out_tokens": tokens,
-    }
-    return figures, [r.text for r in results]
+    outputs = decode(lines)
+    return time.perf_counter() - start, outputs
 
 
 def peak_rss_mb(command: list[str]) -> tuple[float, float]:
@@ -75,87 +138,170 @@ def peak_rss_mb(command: list[str]) -> tuple[float, float]:
     )
     out = subprocess.run([sys.executable, "-c", script, *command], capture_output=True, text=True)
     if out.returncode:
-        raise RuntimeError(out.stderr)
+        raise SystemExit(f"{' '.join(command)} failed: {out.stderr.strip()}")
     rss, secs = out.stdout.split()
     return float(rss), float(secs)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("test_src", type=Path)
-    parser.add_argument("--model", type=Path, required=True, help="a trained checkpoint")
-    parser.add_argument("--ref", type=Path, help="reference (gz) for a sanity BLEU")
-    parser.add_argument("--single", type=int, default=300, help="sentences for batch 1")
-    parser.add_argument("--memory-lines", type=int, default=200_000)
-    parser.add_argument(
-        "--uncapped-reps", type=int, default=20, help="also the test set N times, full length"
-    )
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument(
-        "--intra-op", action="store_true", help="also time all threads on one batch"
-    )
-    parser.add_argument("--skip", default="", help="comma list: fp32,bf16,single,memory")
-    args = parser.parse_args()
-    print("command:", " ".join(["python", *sys.argv]))
-    threads, _ = set_threads(args.threads, 1)
-    skip = set(filter(None, args.skip.split(",")))
+def speed(args: argparse.Namespace, lines: list[str], dirs: dict[str, Path]) -> list[Row]:
+    """Every system in every layout at batch 128 and batch 1; rows printed as measured."""
     ckpt = load_checkpoint(args.model)
-    lines = read_gz(args.test_src)
-    print(f"torch {torch.__version__}, {threads} threads, {len(lines)} test sentences, beam 4")
-    # (threads, batches at once). Spreading one batch over all threads is opt-in: on the
-    # shared 2-core machine it was anywhere from 1.7x faster to 40x slower than 1 thread.
-    layouts = [(1, 1), (threads, threads)] if threads > 1 else [(1, 1)]
-    if args.intra_op and threads > 1:
-        layouts.insert(1, (threads, 1))
-    precisions: list[Precision] = ["fp32", "bf16"]
-    for precision in precisions:
-        if precision in skip:
-            continue
-        for mode, batch, subset in (("batch", 128, lines), ("single", 1, lines[: args.single])):
-            if mode in skip:
-                continue
-            for n_threads, workers in layouts:
-                r, texts = measure(ckpt, subset, precision, batch, n_threads, workers)
-                ratios = ", ".join(
-                    f"{r['sent_s'] / PEERS[(mode, peer)]:.2f}x {peer}"
-                    for peer in ("fairseq", "ctranslate2")
-                )
-                print(
-                    f"{precision} batch {batch}, {n_threads} thread(s), {workers} batch(es) at "
-                    f"once: {r['sent_s']:.1f} sent/s, {r['tok_s']:.0f} tok/s "
-                    f"({int(r['sentences'])} sentences in {r['seconds']:.1f}s; {ratios})",
-                    flush=True,
-                )
-                if args.ref and mode == "batch" and (n_threads, workers) == layouts[0]:
+    refs = read_gz(args.ref) if args.ref else None
+    cores = args.threads or usable_cpus()
+    layouts = [Layout(1)] + ([Layout(cores)] if cores > 1 else [])
+    for layout in layouts:
+        print("layout", layout.describe())
+    makers: dict[str, Callable[[Layout, int], Decode]] = {}
+    for compute_type, model_dir in dirs.items():  # peers first: nmt rows print their ratio
+        makers[f"CT2 {compute_type}"] = functools.partial(ct2_decoder, model_dir, compute_type)
+    for precision in args.precisions:
+        makers[f"nmt {precision}"] = functools.partial(nmt_decoder, ckpt, precision)
+    refused: set[str] = set()
+    rows: list[Row] = []
+    for layout in layouts:
+        for batch, subset in ((128, lines), (1, lines[: args.single])):
+            for system, make in makers.items():
+                if system in refused:
+                    continue
+                try:
+                    decode = make(layout, batch)
+                except (NmtError, ValueError) as exc:
+                    print(f"note: {system} skipped, this nmt refuses it: {exc}")
+                    refused.add(system)
+                    continue
+                seconds, outputs = timed(decode, subset)
+                del decode
+                bleu = None
+                if refs is not None and batch == 128:
                     import sacrebleu
 
-                    refs = read_gz(args.ref)[: len(subset)]
-                    bleu = sacrebleu.corpus_bleu(texts, [refs])
-                    print(f"  sacreBLEU {bleu.score:.1f} ({bleu.sys_len} / {bleu.ref_len} words)")
-    if "memory" not in skip:
-        with tempfile.TemporaryDirectory() as tmp:
-            small, big = Path(tmp) / "small.txt", Path(tmp) / "big.txt"
-            small.write_text("\n".join(lines) + "\n", encoding="utf-8")
-            reps = math.ceil(args.memory_lines / len(lines))
-            with open(big, "w", encoding="utf-8") as fh:
+                    texts = [o.text for o in outputs]
+                    bleu = sacrebleu.corpus_bleu(texts, [refs[: len(subset)]]).score
+                tokens = sum(o.tokens for o in outputs)
+                row = Row(system, layout, batch, len(subset), seconds, tokens, bleu)
+                rows.append(row)
+                print(format_row(row, rows), flush=True)
+    return rows
+
+
+def find(rows: list[Row], system: str, layout: Layout, batch: int) -> Row | None:
+    return next((r for r in rows if (r.system, r.layout, r.batch) == (system, layout, batch)), None)
+
+
+def peer_row(row: Row, rows: list[Row]) -> Row | None:
+    """The CTranslate2 row an nmt row is compared with: same layout, batch, and precision."""
+    if not row.system.startswith("nmt "):
+        return None
+    peer = PEER_OF.get(row.system.removeprefix("nmt "), "")
+    return find(rows, f"CT2 {peer}", row.layout, row.batch)
+
+
+def format_row(row: Row, rows: list[Row]) -> str:
+    text = (
+        f"{row.layout.name}, batch {row.batch}, {row.system}: {row.sent_s:.1f} sent/s, "
+        f"{row.tok_s:.0f} tok/s ({row.sentences} sentences in {row.seconds:.1f}s)"
+    )
+    if row.bleu is not None:
+        text += f", sacreBLEU {row.bleu:.1f}"
+    peer = peer_row(row, rows)
+    if peer is not None:
+        text += f"; {row.sent_s / peer.sent_s:.2f}x {peer.system}"
+    return text
+
+
+def print_tables(rows: list[Row], systems: list[str]) -> None:
+    """The issue's table: sentences/s, rows batch 128 / batch 1, one column per system."""
+    for layout in dict.fromkeys(r.layout for r in rows):
+        print(f"\n| {layout.name}, sentences/s | " + " | ".join(systems) + " |")
+        print("|---|" + "---:|" * len(systems))
+        for batch in (128, 1):
+            found = [find(rows, system, layout, batch) for system in systems]
+            cells = [f"{r.sent_s:.1f}" if r else "-" for r in found]
+            print(f"| batch {batch} | " + " | ".join(cells) + " |")
+
+
+def memory(args: argparse.Namespace, lines: list[str]) -> None:
+    """Peak RSS of fresh `nmt translate` processes (default settings) on growing inputs."""
+    base = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(args.model), "-q"]
+    print(f"\npeak resident memory of `nmt translate` (defaults), fresh processes: {base[2:]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [
+            (1, [], "full length"),
+            (args.uncapped_reps, [], "full length"),
+            (-(-args.memory_lines // len(lines)), ["--max-len-a", "0", "--max-len-b", "2"],
+             "outputs capped at 2 tokens, so it takes minutes, not an hour"),
+        ]  # fmt: skip
+        for reps, extra, note in runs:
+            if reps < 1:
+                continue
+            path = Path(tmp) / f"input-{reps}.txt"
+            with open(path, "w", encoding="utf-8") as fh:
                 for _ in range(reps):
                     fh.write("\n".join(lines) + "\n")
-            base = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(args.model), "-q"]
-            rss_small, t_small = peak_rss_mb([*base, "-i", str(small)])
-            print(f"peak RSS, {len(lines)} lines, beam 4: {rss_small:.0f} MiB ({t_small:.0f}s)")
-            if args.uncapped_reps:
-                mid = Path(tmp) / "mid.txt"
-                mid.write_text(("\n".join(lines) + "\n") * args.uncapped_reps, encoding="utf-8")
-                rss_mid, t_mid = peak_rss_mb([*base, "-i", str(mid)])
-                n_mid = args.uncapped_reps * len(lines)
-                print(f"peak RSS, {n_mid:,} lines, beam 4: {rss_mid:.0f} MiB ({t_mid:.0f}s)")
-            capped = [*base, "-i", str(big), "--max-len-a", "0", "--max-len-b", "2"]
-            rss_big, t_big = peak_rss_mb(capped)
+            command = [*base, "-i", str(path), *extra]
+            rss, seconds = peak_rss_mb(command)
             print(
-                f"peak RSS, {reps * len(lines):,} lines (outputs capped at 2 tokens so the run "
-                f"takes minutes, not an hour): {rss_big:.0f} MiB ({t_big:.0f}s)"
+                f"  {reps * len(lines):,} lines ({note}): {rss:.0f} MiB in {seconds:.0f}s; "
+                f"extra flags: {' '.join(extra) or 'none'}",
+                flush=True,
             )
-            print("command:", " ".join(capped))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("test_src", type=Path, help="source side of the test set (gz)")
+    parser.add_argument("--model", type=Path, required=True, help="a trained checkpoint")
+    parser.add_argument("--ref", type=Path, help="reference (gz): sacreBLEU of every system")
+    parser.add_argument(
+        "--precisions", default="fp32,bf16,int8", help="nmt precisions, comma-separated"
+    )
+    parser.add_argument("--ct2", default="float32,int8", help="CTranslate2 exports to compare")
+    parser.add_argument("--single", type=int, default=300, help="sentences at batch 1")
+    parser.add_argument("--threads", type=int, default=0, help="cores of the wide layout; 0: all")
+    parser.add_argument("--interactive-lines", type=int, default=100)
+    parser.add_argument("--memory-lines", type=int, default=200_000)
+    parser.add_argument("--uncapped-reps", type=int, default=20, help="test set x N, full length")
+    parser.add_argument("--skip", default="", help="comma list: speed,interactive,memory")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 100 sentences, 30 at batch 1, less memory"
+    )
+    args = parser.parse_args()
+    args.precisions = [p for p in args.precisions.split(",") if p]
+    args.ct2 = [c for c in args.ct2.split(",") if c]
+    args.skip = set(filter(None, args.skip.split(",")))
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    print("command:", " ".join(["python", *sys.argv]), flush=True)
+    lines = read_gz(args.test_src)
+    if args.quick:
+        lines, args.single, args.interactive_lines = lines[:100], 30, 20
+        args.uncapped_reps, args.memory_lines = 10, 10_000
+    ckpt = load_checkpoint(args.model)
+    cfg = ckpt.model_config
+    print(
+        f"{date.today()}, {platform.processor() or platform.machine()}, "
+        f"{usable_cpus()} usable cores, torch {torch.__version__}; model {args.model} (step "
+        f"{ckpt.step}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model "
+        f"{cfg.d_model}); {len(lines)} sentences; beam 4, alpha 0.6, max |src| + 50"
+    )
+    del ckpt
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {c: Path(tmp) / f"ct2-{c}" for c in args.ct2}
+        for compute_type, model_dir in dirs.items():
+            print("export:", export(args.model, model_dir, compute_type), flush=True)
+        if "speed" not in args.skip:
+            rows = speed(args, lines, dirs)
+            systems = [*(f"nmt {p}" for p in args.precisions), *(f"CT2 {c}" for c in dirs)]
+            print_tables(rows, systems)
+        if "interactive" not in args.skip:
+            from bench_interactive import report
+
+            report(args.model, lines[: args.interactive_lines], dirs)
+    if "memory" not in args.skip:
+        memory(args, lines)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"max RSS of this benchmark process: {own:.0f} MiB")
 

@@ -20,6 +20,7 @@ from nmt_cli.commands.common import (
 )
 from nmt_cli.commands.progress import CountProgress
 from nmt_cli.config import DECODE_PRECISIONS, DecodeConfig, DecodePrecision
+from nmt_cli.core.memory import Releaser, bound_kernel_caches
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 from nmt_cli.outputs import check_output_path, open_output
@@ -130,6 +131,7 @@ def translate(
     are averaged at every step (they must share one vocabulary; alignments
     average the members' attention).
     """
+    bound_kernel_caches()  # before the first matrix product: memory flat in the input's length
     from nmt_cli.api import Translator
     from nmt_cli.engines.translate import Translation
     from nmt_cli.engines.translate_stream import (
@@ -161,13 +163,15 @@ def translate(
             progress = stack.enter_context(
                 CountProgress(err_console, "translate", total, verbosity.progress)
             )
+            releaser = Releaser()
 
             def emit(results: list[Translation], first: int, seconds: float) -> None:
                 sink.write(
                     format_translations(results, first, seconds, cfg.nbest, as_json, alignment)
                 )
-                sink.flush()
+                sink.flush()  # a line-at-a-time user is answered before the next line
                 progress.advance(len(results))
+                releaser.after_chunk()  # what the chunk freed goes back to the system
 
             chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
             stats = translate_stream(translator.engine, chunks, emit)
