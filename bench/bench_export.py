@@ -13,9 +13,8 @@ CTranslate2 decode `threads` batches side by side, one thread each (nmt's defaul
 small CPU; CTranslate2's inter_threads); transformers decodes one batch on all threads.
 Length penalties differ by system: nmt's GNMT ((5 + |Y|) / 6) ** 0.6, CTranslate2's and
 transformers' |Y| ** 0.6. The output limit is nmt's |source| + 50 tokens per sentence; the
-others take one limit per call, so they get 50 + the longest source of the batch
-(transformers) or of the whole input (CTranslate2, which splits batches itself). Prints the
-figures and the exact command.
+others take one limit per call, so they get 50 + the longest source of the batch. CTranslate2
+decodes the batches nmt cuts (peer_ct2.py). Prints the figures and the exact command.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import sacrebleu
 import torch
+from peer_ct2 import Ct2Decoder
 
 from nmt_cli.api import Translator
 from nmt_cli.config import Precision
@@ -61,32 +61,9 @@ def nmt_decoder(model: Path, precision: Precision, threads: int) -> Decode:
 
 
 def ctranslate2_decoder(model_dir: Path, compute_type: str, threads: int) -> Decode:
-    import ctranslate2
-    import sentencepiece as spm
-
-    source = spm.SentencePieceProcessor(model_file=str(model_dir / "source.spm"))
-    target = spm.SentencePieceProcessor(model_file=str(model_dir / "target.spm"))
-    translator = ctranslate2.Translator(
-        str(model_dir),
-        device="cpu",
-        compute_type=compute_type,
-        inter_threads=threads,
-        intra_threads=1,
-    )
-
-    def decode(lines: list[str], batch: int) -> list[str]:
-        pieces = source.encode(lines, out_type=str)
-        results = translator.translate_batch(
-            pieces,
-            max_batch_size=batch,
-            max_decoding_length=50 + max(map(len, pieces)),
-            beam_size=4,
-            length_penalty=0.6,
-            min_decoding_length=0,
-        )
-        return [target.decode(r.hypotheses[0]) for r in results]
-
-    return decode
+    """CTranslate2 on the batches nmt cuts, `threads` of them side by side (peer_ct2.py)."""
+    peer = Ct2Decoder(model_dir, compute_type, threads)
+    return lambda lines, batch: [out.text for out in peer.translate(lines, batch)]
 
 
 def transformers_decoder(model_dir: Path, threads: int) -> Decode:

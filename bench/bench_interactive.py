@@ -96,8 +96,7 @@ def in_process_latency(model: Path, lines: list[str]) -> Latency:
 
     translator = Translator.load(model, batch_sentences=1)
     name = (
-        f"nmt Translator in process, batch 1 ({translator.precision}, "
-        f"{translator.threads} threads)"
+        f"nmt Translator in process, batch 1 ({translator.precision}, {translator.threads} threads)"
     )
     return one_at_a_time(name, translator.translate, lines)
 
