@@ -138,6 +138,14 @@ LENGTH_PENALTY_HELP = (
 )
 
 
+# Sentences a decoding batch holds by default. On a CPU every core decodes its own batch
+# and beam search keeps each batch's key/value caches in float32 (core/cache.py): 64
+# sentences held `nmt translate`'s peak memory under 1 GB at the speed of 128 (see
+# BENCHMARKS.md); a GPU's step costs the same for twice the rows.
+CPU_BATCH_SENTENCES = 64
+GPU_BATCH_SENTENCES = 128
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Section 6.1: beam 4, length penalty alpha 0.6, maximum length input + 50."""
@@ -146,7 +154,7 @@ class DecodeConfig:
     length_penalty: float = 0.6  # GNMT: lp(Y) = ((5 + |Y|) / 6)^alpha
     max_len_a: float = 1.0  # maximum output length = a * source length + b
     max_len_b: int = 50
-    batch_sentences: int = 128
+    batch_sentences: int = 0  # 0 = auto: CPU_BATCH_SENTENCES or GPU_BATCH_SENTENCES
     batch_tokens: int = 0  # 0 = limit by sentences only
     precision: DecodePrecision = "auto"
     average_last: int = 5  # checkpoints averaged for the final model (base 5, big 20)
@@ -158,10 +166,10 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         one_of("decode", self, "precision", DECODE_PRECISIONS)
-        at_least("decode", self, 1, "beam_size", "batch_sentences", "buffer_lines")
+        at_least("decode", self, 1, "beam_size", "buffer_lines")
         at_least("decode", self, 1, "average_last", "nbest")
         at_least("decode", self, 0, "length_penalty", "max_len_a", "max_len_b")
-        at_least("decode", self, 0, "batch_tokens", "threads", "workers")
+        at_least("decode", self, 0, "batch_sentences", "batch_tokens", "threads", "workers")
         if self.nbest > self.beam_size:
             limit = f"must not exceed the beam size ({self.beam_size})"
             raise SettingError("decode.nbest", f"{limit}, got {self.nbest}")

@@ -76,7 +76,12 @@ def translate(
         help="K best a line: N ||| text ||| score ||| logprob",
         show_default=False,
     ),
-    batch_size: int = typer.Option(_D.batch_sentences, "--batch-size", help="Sentences per batch."),
+    batch_size: int = typer.Option(
+        _D.batch_sentences,
+        "--batch-size",
+        help="Sentences a batch; default 0: 64 (CPU), 128 (GPU).",
+        show_default=False,
+    ),
     batch_tokens: int = typer.Option(
         _D.batch_tokens,
         "--batch-tokens",

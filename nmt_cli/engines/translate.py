@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from nmt_cli.config import DecodeConfig
+from nmt_cli.config import CPU_BATCH_SENTENCES, GPU_BATCH_SENTENCES, DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint
 from nmt_cli.core.cpus import usable_cpus
@@ -95,7 +95,11 @@ class Translator:
         self.precision = precision or str(self.dtype).removeprefix("torch.")
         self.max_source = model.max_positions - 1  # room for the source's EOS
         self.device = next(model.parameters()).device
-        self.workers = workers if self.device.type == "cpu" else 1
+        on_cpu = self.device.type == "cpu"
+        self.workers = workers if on_cpu else 1
+        self.batch_sentences = cfg.batch_sentences or (
+            CPU_BATCH_SENTENCES if on_cpu else GPU_BATCH_SENTENCES
+        )
         self._pool: ThreadPoolExecutor | None = None
         self.aligner: CrossAttentionOf | None = None
         if alignment_layer is not None:
@@ -189,7 +193,7 @@ class Translator:
         for i in order:
             length = len(ids[i]) + 1
             width = max(longest, length)
-            too_many = len(batch) >= cfg.batch_sentences
+            too_many = len(batch) >= self.batch_sentences
             too_big = cfg.batch_tokens > 0 and width * (len(batch) + 1) > cfg.batch_tokens
             if batch and (too_many or too_big):
                 yield batch

@@ -52,7 +52,7 @@ def decode_line(raw: bytes) -> str:
 def read_chunks(
     stream: BinaryIO,
     max_lines: int,
-    wait_s: float = 0.05,
+    wait_s: float = 0.002,
     decode: Callable[[bytes], str] = decode_line,
     name: str = "the input",
 ) -> Iterator[list[str]]:
@@ -60,8 +60,11 @@ def read_chunks(
 
     A reader thread feeds a bounded queue. A chunk starts with the next line (waiting for
     it as long as needed), then takes what else arrives within `wait_s`, then whatever is
-    already queued: a person typing gets each line translated at once, a file or a fast
-    pipe fills whole chunks, and at most about two chunks of text are ever held. `decode`
+    already queued: a person typing or a program sending one line at a time gets each
+    line translated at once, a file or a fast pipe fills whole chunks (lines that arrive
+    while a chunk is translated queue up for the next), and at most about two chunks of
+    text are ever held. `wait_s` is short because it is paid on every line a server
+    sends: 50 ms here doubled the answer time of a one-line request (~45 ms at batch 1). `decode`
     turns each raw line into text, in input order (the CLI passes the shared text policy
     of `nmt_cli/text_io.py`, which names the file and line of bytes that are not text).
     """

@@ -188,6 +188,16 @@ def test_batched_equals_one_by_one_through_the_translator(random_ckpt: Path) -> 
         assert [h.text for h in single.hypotheses] == [h.text for h in result.hypotheses]
 
 
+def test_batch_size_defaults_to_64_sentences_on_a_cpu(copier: Path) -> None:
+    ckpt = load_checkpoint(copier)
+    auto = Translator.from_checkpoint(ckpt, DecodeConfig(precision="fp32"))
+    assert auto.batch_sentences == 64
+    sizes = [len(b) for b in auto._batches(list(range(150)), [[5]] * 150)]
+    assert sizes == [64, 64, 22]
+    given = Translator.from_checkpoint(ckpt, DecodeConfig(precision="fp32", batch_sentences=100))
+    assert [len(b) for b in given._batches(list(range(150)), [[5]] * 150)] == [100, 50]
+
+
 def test_batches_decoded_side_by_side_give_the_same_output(copier: Path) -> None:
     ckpt = load_checkpoint(copier)
     cfg = DecodeConfig(precision="fp32", batch_sentences=2)
@@ -207,6 +217,15 @@ def test_read_chunks_answers_a_slow_pipe_at_once() -> None:
         thread.start()
         thread.join(timeout=10)
         assert got == [["first line"]]
+
+
+def test_read_chunks_fills_whole_chunks_from_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "input.txt"
+    path.write_bytes(b"".join(b"line %d\n" % i for i in range(5000)))
+    with path.open("rb") as stream:
+        sizes = [len(c) for c in read_chunks(stream, max_lines=1000)]
+    assert sum(sizes) == 5000
+    assert sizes[1:-1] == [1000] * (len(sizes) - 2)  # the first may start before the rest is read
 
 
 def test_read_chunks_bounds_the_buffer_and_keeps_every_line() -> None:

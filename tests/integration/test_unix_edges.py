@@ -368,10 +368,10 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("directory as -i", ["translate", "-m", "{ckpt}", "-i", "{tmp}/dir"], 1, "is a directory;"),
     ("--beam 0", ["translate", "-m", "{ckpt}", "--beam", "0"], 2, "--beam must be at least 1"),
     (
-        "--batch-size 0",
-        ["translate", "-m", "{ckpt}", "--batch-size", "0"],
+        "--batch-size -1",
+        ["translate", "-m", "{ckpt}", "--batch-size", "-1"],
         2,
-        "--batch-size must be at least 1",
+        "--batch-size must be at least 0",
     ),
     ("--threads -3", ["translate", "-m", "{ckpt}", "--threads", "-3"], 2, "--threads must be"),
     (
