@@ -1,12 +1,12 @@
 """Beam-4 decoding speed and quality: `nmt translate` vs its CTranslate2 and transformers exports.
 
     nmt run recipes/multi30k-en-de.toml      # a trained Multi30k EN-DE model
-    python bench/bench_export.py ../shared/data/multi30k/test_2016_flickr.en.gz \\
+    python bench/bench_export.py DIR/test_2016_flickr.en.gz \\
         --model runs/multi30k-en-de/checkpoints/best.pt \\
-        --ref ../shared/data/multi30k/test_2016_flickr.de.gz
+        --ref DIR/test_2016_flickr.de.gz
 
-Exports the checkpoint with `nmt export` (CTranslate2 float32 and int8, transformers
-MarianMT float32) into a temporary directory, then times beam 4 on the test set at batch
+(DIR: a local copy of Multi30k.) Exports the checkpoint with `nmt export` (CTranslate2
+float32 and int8, transformers MarianMT float32) into a temporary directory, then times beam 4 on the test set at batch
 128 and on its first `--single` sentences at batch 1, every system in this one run with
 the same threads, and scores each batch-128 output with sacreBLEU. Layouts: nmt and
 CTranslate2 decode `threads` batches side by side, one thread each (nmt's default on a

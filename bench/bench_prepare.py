@@ -8,7 +8,7 @@ shows whether memory grows with the corpus (it should not). Optionally also prep
 corpus directory such as Multi30k.
 
     .venv/bin/python bench/bench_prepare.py --pairs 100000 1000000 \
-        --multi30k ../shared/data/multi30k
+        --multi30k DIR    # DIR: a local copy of Multi30k
 """
 
 from __future__ import annotations

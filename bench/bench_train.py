@@ -7,11 +7,10 @@ d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512
 8 heads, vocabulary 37,000), in fp32 and bf16 autocast. The matmul peak of each precision
 is measured in the same run (2048^3 products), because this host's speed drifts.
 
-For the small model it prints the ratio to the peer's fairseq figures on this machine
-(../shared/PERF.md: ~3,000 target tokens/s in fp32, ~3,300 in bf16). With --reference it
-also times, on the same batches, the naive PyTorch model PERF.md profiles
-(torch.nn.Transformer, nn.Dropout, log-softmax cross-entropy, Adam): a ratio measured in
-the same run, which survives the host's drift better than absolute figures.
+No peer figure written down earlier is divided by: this host drifts 20-40%, so a ratio
+counts only within one run. With --reference it times, on the same batches, the naive
+PyTorch model the performance notes profile (torch.nn.Transformer, nn.Dropout, log-softmax
+cross-entropy, Adam): a ratio measured in the same run.
 
     .venv/bin/python bench/bench_train.py --models small --precisions fp32,bf16 --reference
 """
@@ -48,9 +47,6 @@ MODELS = {
 }  # fmt: skip
 
 PRECISIONS = (("fp32", torch.float32), ("bf16", torch.bfloat16))
-
-# The peer's fairseq figures on this machine (../shared/PERF.md), target tokens/s.
-FAIRSEQ = {"fp32": 3000.0, "bf16": 3300.0}
 
 
 def multi30k_like_batches(vocab: int, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
@@ -184,12 +180,6 @@ def main() -> None:
                 f"{ours.flops_per_s / 1e9:6,.0f} GFLOP/s = "
                 f"{ours.flops_per_s / peaks[precision]:5.1%} of the {precision} matmul peak"
             )
-            if name == "small":
-                line += (
-                    f" | vs fairseq's {precision} figure ({FAIRSEQ[precision]:,.0f}): "
-                    f"{ours.tokens_per_s / FAIRSEQ[precision]:4.2f}x, vs its fp32 figure "
-                    f"({FAIRSEQ['fp32']:,.0f}): {ours.tokens_per_s / FAIRSEQ['fp32']:4.2f}x"
-                )
             if args.reference:
                 naive = time_steps(naive_step(cfg, precision), batches, cfg, args.steps)
                 line += (
