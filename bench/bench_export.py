@@ -6,8 +6,8 @@
         --ref DIR/test_2016_flickr.de.gz
 
 (DIR: a local copy of Multi30k.) Exports the checkpoint with `nmt export` (CTranslate2
-float32 and int8, transformers MarianMT float32) into a temporary directory, then times beam 4 on the test set at batch
-128 and on its first `--single` sentences at batch 1, every system in this one run with
+float32 and int8, transformers MarianMT float32) into a temporary directory, then times
+beam 4 on the test set at batch 128 and on its first `--single` sentences at batch 1, every system in this one run with
 the same threads, and scores each batch-128 output with sacreBLEU. Layouts: nmt and
 CTranslate2 decode `threads` batches side by side, one thread each (nmt's default on a
 small CPU; CTranslate2's inter_threads); transformers decodes one batch on all threads.
