@@ -7,14 +7,15 @@
 
 (DIR: a local copy of Multi30k.) Exports the checkpoint with `nmt export` (CTranslate2
 float32 and int8, transformers MarianMT float32) into a temporary directory, then times
-beam 4 on the test set at batch 128 and on its first `--single` sentences at batch 1, every system in this one run with
-the same threads, and scores each batch-128 output with sacreBLEU. Layouts: nmt and
-CTranslate2 decode `threads` batches side by side, one thread each (nmt's default on a
-small CPU; CTranslate2's inter_threads); transformers decodes one batch on all threads.
-Length penalties differ by system: nmt's GNMT ((5 + |Y|) / 6) ** 0.6, CTranslate2's and
-transformers' |Y| ** 0.6. The output limit is nmt's |source| + 50 tokens per sentence; the
-others take one limit per call, so they get 50 + the longest source of the batch. CTranslate2
-decodes the batches nmt cuts (peer_ct2.py). Prints the figures and the exact command.
+beam 4 on the test set at batch 128 and on its first `--single` sentences at batch 1,
+every system in this one run with the same threads, and scores each batch-128 output with
+sacreBLEU. Layouts: nmt and CTranslate2 decode `threads` batches side by side, one thread
+each (nmt's default on a small CPU; CTranslate2's inter_threads); transformers decodes one
+batch on all threads. Length penalties differ by system: nmt's GNMT ((5 + |Y|) / 6) **
+0.6, CTranslate2's and transformers' |Y| ** 0.6. The output limit is nmt's |source| + 50
+tokens per sentence; the others take one limit per call, so they get 50 + the longest
+source of the batch. CTranslate2 decodes the batches nmt cuts (peer_ct2.py). Prints the
+figures and the exact command.
 """
 
 from __future__ import annotations
