@@ -20,7 +20,7 @@ from nmt_cli.commands.common import (
 )
 from nmt_cli.commands.progress import CountProgress
 from nmt_cli.config import DECODE_PRECISIONS, DecodeConfig, DecodePrecision
-from nmt_cli.core.memory import Releaser, bound_kernel_caches
+from nmt_cli.core.memory import Releaser
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 from nmt_cli.outputs import check_output_path, open_output
@@ -136,7 +136,6 @@ def translate(
     are averaged at every step (they must share one vocabulary; alignments
     average the members' attention).
     """
-    bound_kernel_caches()  # before the first matrix product: memory flat in the input's length
     from nmt_cli.api import Translator
     from nmt_cli.engines.translate import Translation
     from nmt_cli.engines.translate_stream import (

@@ -1,4 +1,4 @@
-"""core/memory.py: kernel caches bounded, freed pages handed back, at most once a second."""
+"""core/memory.py: freed pages handed back, at most once a second."""
 
 from __future__ import annotations
 
@@ -9,13 +9,7 @@ import textwrap
 
 import pytest
 
-from nmt_cli.core.memory import (
-    CACHE_VARIABLES,
-    KERNEL_CACHE_ENTRIES,
-    Releaser,
-    bound_kernel_caches,
-)
-from nmt_cli.core.precision import cpu_supports_bf16
+from nmt_cli.core.memory import Releaser
 
 GLIBC_LINUX = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
 RSS = textwrap.dedent(
@@ -38,16 +32,6 @@ def run_python(code: str, *args: str) -> list[float]:
     )
     assert done.returncode == 0, done.stderr
     return [float(x) for x in done.stdout.split()]
-
-
-def test_caches_are_capped_unless_the_user_chose_a_capacity() -> None:
-    env: dict[str, str] = {"LRU_CACHE_CAPACITY": "500"}
-    assert bound_kernel_caches(environ=env) == {
-        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(KERNEL_CACHE_ENTRIES),
-        "LRU_CACHE_CAPACITY": "500",
-    }
-    assert set(env) == set(CACHE_VARIABLES)
-    assert bound_kernel_caches(8, environ=env)["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
 
 
 def test_releaser_runs_after_a_chunk_at_most_once_an_interval() -> None:
@@ -78,34 +62,3 @@ def test_freed_heap_pages_go_back_to_the_system() -> None:
         """
     )
     assert before - after > 64, (before, after)
-
-
-@pytest.mark.skipif(not cpu_supports_bf16(), reason="bf16 products need oneDNN's bf16 kernels")
-def test_bounded_kernel_caches_stop_memory_growing_with_new_shapes() -> None:
-    """bf16 products of 400 shapes: every shape is a kernel cached for good by default;
-    with the bound, the memory stays where a few dozen kernels put it."""
-    code = """
-        import os, sys
-        from nmt_cli.core.memory import CACHE_VARIABLES, bound_kernel_caches, release_free_memory
-        for name in CACHE_VARIABLES:  # whatever this test process inherited
-            os.environ.pop(name, None)
-        bound_kernel_caches(int(sys.argv[1]))
-        import torch
-        torch.set_num_threads(1)
-        w = torch.randn(256, 256, dtype=torch.bfloat16)
-        (torch.randn(1, 256, dtype=torch.bfloat16) @ w).sum()
-        start = rss_mb()
-        for rows in range(2, 402):
-            (torch.randn(rows, 256, dtype=torch.bfloat16) @ w).sum()
-        release_free_memory()
-        print(rss_mb() - start)
-        """
-
-    def growth(entries: int) -> float:
-        return run_python(code, str(entries))[0]
-
-    unbounded = growth(1024)
-    if unbounded < 60:
-        pytest.skip(f"this PyTorch build does not cache a kernel per shape ({unbounded:.0f} MB)")
-    bounded = growth(KERNEL_CACHE_ENTRIES)
-    assert bounded < unbounded / 2, (bounded, unbounded)
