@@ -21,7 +21,7 @@ that remain) and the same SentencePiece model, at batch 128 (the test set) and b
 
 Prints every row (sentences/s, target tokens/s, sacreBLEU at batch 128 with --ref, nmt's
 ratio to CTranslate2 in the same layout and batch: nmt fp32 and bf16 against float32,
-nmt int8 against int8), the issue's table per layout, the latency of one line at a time
+nmt int8 against int8), a table per layout, the latency of one line at a time
 (bench_interactive.py), and the peak resident memory of fresh `nmt translate` processes
 on the test set, on 20 copies of it and on a 200,000-line input with capped outputs.
 A precision the installed nmt refuses is skipped with a note.
@@ -210,7 +210,7 @@ def format_row(row: Row, rows: list[Row]) -> str:
 
 
 def print_tables(rows: list[Row], systems: list[str]) -> None:
-    """The issue's table: sentences/s, rows batch 128 / batch 1, one column per system."""
+    """A table of sentences/s, rows batch 128 / batch 1, one column per system."""
     for layout in dict.fromkeys(r.layout for r in rows):
         print(f"\n| {layout.name}, sentences/s | " + " | ".join(systems) + " |")
         print("|---|" + "---:|" * len(systems))
