@@ -21,7 +21,6 @@ figures and the exact command.
 from __future__ import annotations
 
 import argparse
-import gzip
 import platform
 import sys
 import tempfile
@@ -39,13 +38,9 @@ from nmt_cli.config import Precision
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.engines.export.run import ExportConfig, export_model
+from nmt_cli.text_io import read_lines
 
 Decode = Callable[[list[str], int], list[str]]  # (lines, batch size) -> translations
-
-
-def read_gz(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return [line.rstrip("\n") for line in fh]
 
 
 def nmt_decoder(model: Path, precision: Precision, threads: int) -> Decode:
@@ -110,7 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     print("command:", " ".join(["python", *sys.argv]))
     threads = args.threads or usable_cpus()
-    lines, refs = read_gz(args.test_src), read_gz(args.ref)
+    lines, refs = read_lines(args.test_src), read_lines(args.ref)
     ckpt = load_checkpoint(args.model)
     cfg = ckpt.model_config
     print(

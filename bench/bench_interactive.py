@@ -16,7 +16,6 @@ system is a warm-up (loading, kernels) and is not counted.
 from __future__ import annotations
 
 import argparse
-import gzip
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peer_ct2 import Ct2Decoder, export
+
+from nmt_cli.text_io import read_lines
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,7 @@ def main() -> None:
     parser.add_argument("--ct2", default="float32,int8", help="CTranslate2 exports to compare")
     args = parser.parse_args()
     print("command:", " ".join(["python", *sys.argv]), flush=True)
-    with gzip.open(args.test_src, "rt", encoding="utf-8") as fh:
-        lines = [line.rstrip("\n") for line in fh][: args.lines]
+    lines = read_lines(args.test_src)[: args.lines]
     with tempfile.TemporaryDirectory() as tmp:
         dirs = {c: Path(tmp) / f"ct2-{c}" for c in args.ct2.split(",") if c}
         for compute_type, model_dir in dirs.items():

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
 import platform
 import resource
 import subprocess
@@ -51,6 +50,7 @@ from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
 from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.engines.translate import Translator, set_threads
 from nmt_cli.errors import NmtError
+from nmt_cli.text_io import read_lines
 
 Decode = Callable[[list[str]], list[Output]]
 # What each nmt precision is compared with: CTranslate2's nearest compute type.
@@ -92,11 +92,6 @@ class Row:
     @property
     def tok_s(self) -> float:
         return self.tokens / self.seconds
-
-
-def read_gz(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return [line.rstrip("\n") for line in fh]
 
 
 def nmt_decoder(ckpt: Checkpoint, precision: str, layout: Layout, batch: int) -> Decode:
@@ -146,7 +141,7 @@ def peak_rss_mb(command: list[str]) -> tuple[float, float]:
 def speed(args: argparse.Namespace, lines: list[str], dirs: dict[str, Path]) -> list[Row]:
     """Every system in every layout at batch 128 and batch 1; rows printed as measured."""
     ckpt = load_checkpoint(args.model)
-    refs = read_gz(args.ref) if args.ref else None
+    refs = read_lines(args.ref) if args.ref else None
     cores = args.threads or usable_cpus()
     layouts = [Layout(1)] + ([Layout(cores)] if cores > 1 else [])
     for layout in layouts:
@@ -275,7 +270,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     print("command:", " ".join(["python", *sys.argv]), flush=True)
-    lines = read_gz(args.test_src)
+    lines = read_lines(args.test_src)
     if args.quick:
         lines, args.single, args.interactive_lines = lines[:100], 30, 20
         args.uncapped_reps, args.memory_lines = 10, 10_000

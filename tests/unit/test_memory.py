@@ -22,10 +22,10 @@ RSS = textwrap.dedent(
 )
 
 
-def run_python(code: str, *args: str) -> list[float]:
+def run_python(code: str) -> list[float]:
     """Run `code` in a fresh interpreter; the numbers it prints."""
     done = subprocess.run(
-        [sys.executable, "-c", RSS + textwrap.dedent(code), *args],
+        [sys.executable, "-c", RSS + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=300,
