@@ -2,8 +2,9 @@
 
 Each decoder layer keeps its self-attention keys/values for the prefix decoded so far
 and the cross-attention keys/values of the encoder output, computed once per source,
-with the source padding as a boolean `cross_pad` (True where a key is padding) laid out
-for the scores. Beam search reorders the cache by an explicit index after every step.
+with the source padding as `cross_bias`, -inf where a key is padding and 0 elsewhere,
+one row per head: the step adds it to the scores in the same product that computes
+them. Beam search reorders the cache by an explicit index after every step.
 
 The tensors are held in `dtype`, which need not be the model's: on a CPU the decoder
 attends in float32 even when its matrices are bf16, because one-query attention is a
@@ -31,7 +32,7 @@ class LayerCache:
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
-    cross_pad: Tensor | None = None  # (B, 1, 1, S): True where the source is padding
+    cross_bias: Tensor | None = None  # (B, h, 1, S); None when no source has padding
 
     def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's keys/values and return the whole prefix's, in the cache dtype."""
@@ -69,5 +70,5 @@ class DecoderCache:
             if cross and layer.cross_k is not None and layer.cross_v is not None:
                 layer.cross_k = layer.cross_k.index_select(0, index)
                 layer.cross_v = layer.cross_v.index_select(0, index)
-                if layer.cross_pad is not None:
-                    layer.cross_pad = layer.cross_pad.index_select(0, index)
+                if layer.cross_bias is not None:
+                    layer.cross_bias = layer.cross_bias.index_select(0, index)

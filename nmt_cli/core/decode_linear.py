@@ -21,12 +21,12 @@ packed weights are not parameters, so it is never trained or saved.
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from typing import Literal, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt_cli.core.transformer import Transformer
 from nmt_cli.errors import NmtError
 
 LinearKind = Literal["packed-bf16", "int8"]
@@ -44,6 +44,15 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def relu(self, x: Tensor) -> Tensor:
+        """max(0, x W^T + b), the ReLU applied by the product's own kernel."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "relu", [], "")
+
+    def add(self, x: Tensor, residual: Tensor) -> Tensor:
+        """residual + x W^T + b, the sum taken by the product's own kernel (before its
+        result is rounded to bf16, so one rounding instead of two)."""
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
 
 
 class Int8Linear(nn.Module):
@@ -67,6 +76,35 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
+    def relu(self, x: Tensor) -> Tensor:
+        return torch.ops.quantized.linear_relu_dynamic(x, self.packed, self.reduce_range)
+
+    def add(self, x: Tensor, residual: Tensor) -> Tensor:
+        return residual + self.forward(x)
+
+
+def linear(layer: nn.Module, x: Tensor) -> Tensor:
+    """`layer(x)` for a linear layer, plain or decode-only, without `nn.Module.__call__`'s
+    hook handling: a decoder step makes twenty such calls, and at one sentence a batch
+    the handling costs as much as a small product."""
+    if isinstance(layer, nn.Linear):
+        return F.linear(x, layer.weight, layer.bias)
+    return cast(Tensor, layer.forward(x))
+
+
+def linear_relu(layer: nn.Module, x: Tensor) -> Tensor:
+    """max(0, layer(x)), fused into the product by the decode-only layers."""
+    if isinstance(layer, PackedLinear | Int8Linear):
+        return layer.relu(x)
+    return F.relu(linear(layer, x))
+
+
+def linear_add(layer: nn.Module, x: Tensor, residual: Tensor) -> Tensor:
+    """residual + layer(x), fused into the product by the packed bf16 layer."""
+    if isinstance(layer, PackedLinear | Int8Linear):
+        return layer.add(x, residual)
+    return residual + linear(layer, x)
+
 
 def int8_available() -> bool:
     """Whether this PyTorch build has a CPU engine for quantized linear layers."""
@@ -85,6 +123,8 @@ def specialise_linears(model: nn.Module, kind: LinearKind) -> None:
         raise NmtError("--precision int8: this PyTorch build has no quantized CPU kernels")
     if kind == "packed-bf16" and not torch.backends.mkldnn.is_available():
         return  # nothing to pack into; plain bf16 linear layers still work
+    from nmt_cli.core.transformer import Transformer  # the Transformer's steps import this module
+
     layer = PackedLinear if kind == "packed-bf16" else Int8Linear
     for module in list(model.modules()):
         for name, child in list(module.named_children()):

@@ -119,8 +119,7 @@ def batch_bucket(n: int) -> int:
 
 def _mask_specials(lprobs: Tensor) -> None:
     """Padding and BOS are never generated."""
-    lprobs[:, PAD_ID] = -math.inf
-    lprobs[:, BOS_ID] = -math.inf
+    lprobs.index_fill_(1, torch.tensor([PAD_ID, BOS_ID], device=lprobs.device), -math.inf)
 
 
 def _force_eos(lprobs: Tensor, rows: Tensor) -> None:
@@ -148,6 +147,7 @@ def greedy_search(
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
     limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
+    first_limit = int(limit.min())  # no row reaches its limit before this step
     alive = torch.arange(n, device=device)  # original sentence of each row
     tokens = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
     log_prob = torch.zeros(n, dtype=torch.float32, device=device)
@@ -157,11 +157,11 @@ def greedy_search(
     while alive.numel():
         lprobs, _ = model.decode_step(tokens, memory, src_mask, cache)
         _mask_specials(lprobs)
-        at_limit = limit[alive] <= step
-        if bool(at_limit.any()):
+        forcing = step >= first_limit and bool((at_limit := limit[alive] <= step).any())
+        if forcing:
             _force_eos(lprobs, at_limit.nonzero().squeeze(1))
         best_lp, tokens = lprobs.max(dim=-1)
-        if bool(at_limit.any()):  # even if the model gives EOS no probability at all
+        if forcing:  # even if the model gives EOS no probability at all
             tokens = tokens.masked_fill(at_limit, EOS_ID)
         log_prob = log_prob + best_lp
         ended = tokens == EOS_ID
@@ -269,6 +269,7 @@ class _BeamSearch:
         self.results: list[list[Hypothesis]] = [[] for _ in range(n)]
         self.trace: _Trace | None = None
         self.ends: dict[int, tuple[int, int]] = {}  # id(hypothesis) -> its (step, row)
+        self.any_finished = False
 
     def _step(self, tokens: Tensor, memory: Any, src_mask: Tensor, cache: Any) -> Tensor:
         if self.trace is None:
@@ -307,10 +308,13 @@ class _BeamSearch:
         history = top_tok.new_empty((n * k, 0))
         cum, history = self._settle(top_lp, top_tok, history, None, sent_ids, 0, expand)
         tokens = top_tok.reshape(-1)
+        open_set = _OpenSentences(self, sent_ids, k)
         step = 1
         while True:
-            done = self._done(cum, sent_ids, step)
-            if bool(done.any()):
+            # Until some hypothesis has finished no sentence can be done (its nbest-th
+            # score is still -inf), so the bound is only computed from then on.
+            done = self._done(cum, open_set, step) if self.any_finished else None
+            if done is not None and bool(done.any()):
                 if bool(done.all()):
                     break
                 # A finished sentence's slots close; it leaves the batch once the open
@@ -326,24 +330,25 @@ class _BeamSearch:
                     src_mask = src_mask.index_select(0, rows)
                     sent_ids, cum = sent_ids[keep], cum[keep]
                     history, tokens = history[rows], tokens[rows]
+                    open_set = _OpenSentences(self, sent_ids, k)
                     if self.trace is not None:
                         self.trace.keep(rows)
             n_act = sent_ids.numel()
             lprobs = self._step(tokens, memory, src_mask, cache)
             _mask_specials(lprobs)
-            at_limit = self.limit[sent_ids] <= step
-            if bool(at_limit.any()):
+            if step >= open_set.first_limit:
+                at_limit = self.limit[sent_ids] <= step
                 _force_eos(lprobs, at_limit.repeat_interleave(k).nonzero().squeeze(1))
             vocab = lprobs.size(1)
-            scores = (cum.reshape(-1, 1) + lprobs).view(n_act, k * vocab)
+            scores = lprobs.add_(cum.view(-1, 1)).view(n_act, k * vocab)
             top_lp, flat = scores.topk(k, dim=1)  # (N, K), best first
             beam_idx = torch.div(flat, vocab, rounding_mode="floor")
-            top_tok = flat - beam_idx * vocab
-            origin = (torch.arange(n_act, device=device)[:, None] * k + beam_idx).reshape(-1)
+            top_tok = flat.remainder(vocab)
+            origin = beam_idx.add_(open_set.first_rows).view(-1)
             cum, history = self._settle(top_lp, top_tok, history, origin, sent_ids, step, origin)
             # Beams reorder within their sentence: the cross-attention keys stay valid.
             cache.reorder(origin, cross=False)
-            tokens = top_tok.reshape(-1)
+            tokens = top_tok.view(-1)
             step += 1
         for sent, hyps in enumerate(self.finished):
             hyps.sort(key=lambda h: h.score, reverse=True)
@@ -368,8 +373,10 @@ class _BeamSearch:
         gives each candidate's row in this step's model call (for the attention trace)."""
         if origin is not None:
             history = history.index_select(0, origin)
-        ended = (top_tok == EOS_ID) & torch.isfinite(top_lp)
+        eos = top_tok == EOS_ID
+        ended = eos & torch.isfinite(top_lp)
         if bool(ended.any()):
+            self.any_finished = True
             lp = length_penalty_value(step + 1, self.alpha)
             where = ended.nonzero()  # (F, 2): sentence row, beam slot
             rows = where[:, 0] * self.k + where[:, 1]
@@ -385,8 +392,8 @@ class _BeamSearch:
                 self._add(sent, hyp)
         if self.trace is not None:
             self.trace.from_rows = step_rows
-        cum = top_lp.masked_fill(top_tok == EOS_ID, -math.inf)
-        history = torch.cat([history, top_tok.reshape(-1, 1)], dim=1)
+        cum = top_lp.masked_fill_(eos, -math.inf)
+        history = torch.cat([history, top_tok.view(-1, 1)], dim=1)
         return cum, history
 
     def _add(self, sent: int, hyp: Hypothesis) -> None:
@@ -397,7 +404,7 @@ class _BeamSearch:
             del hyps[self.nbest :]  # a hypothesis below the nbest-th can never come back
             self.kth_best[sent] = hyps[-1].score
 
-    def _done(self, cum: Tensor, sent_ids: Tensor, step: int) -> Tensor:
+    def _done(self, cum: Tensor, open_set: _OpenSentences, step: int) -> Tensor:
         """A sentence is done when no open beam can beat its nbest-th finished hypothesis.
 
         An open beam's best reachable score is its log-prob over the largest penalty it
@@ -406,6 +413,18 @@ class _BeamSearch:
         """
         best_open = cum.max(dim=1).values  # (N,) -inf when every slot is closed
         lp_next = ((5.0 + step + 1.0) / 6.0) ** self.alpha
-        lp_max = self.lp_at_limit[sent_ids].clamp(min=lp_next)
-        bound = best_open / lp_max
-        return self.kth_best[sent_ids] >= bound
+        bound = best_open / open_set.lp_at_limit.clamp(min=lp_next)
+        return self.kth_best[open_set.sent_ids] >= bound
+
+
+class _OpenSentences:
+    """What the beam loop needs of the sentences in the batch, computed once each time
+    the batch changes rather than at every step."""
+
+    def __init__(self, search: _BeamSearch, sent_ids: Tensor, k: int) -> None:
+        self.sent_ids = sent_ids
+        self.lp_at_limit = search.lp_at_limit[sent_ids]
+        # The first step at which some sentence must end (its length limit).
+        self.first_limit = int(search.limit[sent_ids].min())
+        # Row of each sentence's first beam, to turn a candidate's beam into its row.
+        self.first_rows = torch.arange(sent_ids.numel(), device=sent_ids.device)[:, None] * k

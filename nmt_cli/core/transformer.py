@@ -28,6 +28,7 @@ from nmt_cli.core.attention_kernels import (
     sdpa_backends,
 )
 from nmt_cli.core.cache import DecoderCache, LayerCache
+from nmt_cli.core.decode_linear import linear, linear_add, linear_relu
 from nmt_cli.core.dropout import Dropout
 from nmt_cli.core.model_config import ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
@@ -77,6 +78,10 @@ class Embedding(nn.Module):
         if torch.is_autocast_enabled(device):
             x = x.to(torch.get_autocast_dtype(device))
         return self.dropout(x)
+
+    def step(self, ids: Tensor, position: int) -> Tensor:
+        """`forward` for one position per row, ids (B,) -> (B, D); inference only."""
+        return F.embedding(ids, self.tokens.weight) * self.scale + self.positions(position, 1)
 
 
 @dataclass
@@ -160,47 +165,60 @@ class MultiHeadAttention(nn.Module):
         self,
         x: Tensor,
         cache: LayerCache,
+        residual: Tensor,
         memory: Tensor | None = None,
         key_mask: Tensor | None = None,
         need_weights: bool = False,
-    ) -> AttentionOutput:
-        """One new query per row (incremental decoding): x (B, 1, D).
+    ) -> tuple[Tensor, Tensor | None]:
+        """One new query per row (incremental decoding, inference only): x (B, D) ->
+        `residual` + the attention's output (B, D), and its weights (B, h, 1, keys) when
+        asked for.
 
         Self-attention appends this position's keys/values to the cache and attends over
         the whole prefix (no causal mask: the newest position may see every cached key).
         Cross-attention projects `memory` on the first step and reads the cache after.
-        The softmax(QK^T / sqrt(d_k)) V is written out as two small batched products in
-        the cache's dtype (see core/cache.py), which at one query per row beat the fused
-        SDPA kernel on CPUs; its weights are then free to return.
+        softmax(QK^T / sqrt(d_k)) V is written out as two small batched products in the
+        cache's dtype (see core/cache.py), which at one query per row beat the fused SDPA
+        kernel on CPUs; the first product also masks (`baddbmm`), and the
+        output projection adds the residual (core/decode_linear.linear_add): a step is
+        mostly per-operation overhead, so every operation saved counts.
         """
-        b = x.size(0)
-        pad: Tensor | None = None
+        b, h = x.size(0), self.h
+        bias: Tensor | None = None
         if self.self_attention:
-            q, k, v = self.qkv(x).split([self.h * self.d_k] * 2 + [self.h * self.d_v], dim=-1)
-            k, v = cache.append_self(
-                k.reshape(b, self.h, 1, self.d_k), v.reshape(b, self.h, 1, self.d_v)
-            )
+            q, k, v = linear(self.qkv, x).split([h * self.d_k] * 2 + [h * self.d_v], dim=-1)
+            k, v = cache.append_self(k.view(b, h, 1, self.d_k), v.view(b, h, 1, self.d_v))
         else:
-            q = self.q(x)
+            q = linear(self.q, x)
             if cache.cross_k is None or cache.cross_v is None:
                 assert memory is not None and key_mask is not None, "the first step needs them"
-                mem_k, mem_v = self.project_kv(memory)
-                cache.cross_k = mem_k.to(cache.dtype).contiguous()
-                cache.cross_v = mem_v.to(cache.dtype).contiguous()
-                cache.cross_pad = ~key_mask
-            k, v, pad = cache.cross_k, cache.cross_v, cache.cross_pad
+                self._cache_memory(cache, memory, key_mask)
+            k, v, bias = cache.cross_k, cache.cross_v, cache.cross_bias
+            assert k is not None and v is not None
         # Rows x heads folded into one batch dimension (free views of the contiguous
         # cache): bmm directly, without matmul's reshapes of 4-d operands.
-        bh, keys = b * self.h, k.size(2)
-        q = q.reshape(bh, 1, self.d_k).to(cache.dtype)
-        scores = torch.bmm(q, k.view(bh, keys, self.d_k).transpose(1, 2))
-        scores.div_(math.sqrt(self.d_k))
-        if pad is not None:
-            scores.view(b, self.h, 1, keys).masked_fill_(pad, float("-inf"))
+        bh, keys = b * h, k.size(2)
+        q = q.to(cache.dtype).reshape(bh, 1, self.d_k)
+        k_t = k.view(bh, keys, self.d_k).transpose(1, 2)
+        scale = 1.0 / math.sqrt(self.d_k)
+        if bias is None:
+            scores = torch.bmm(q, k_t).mul_(scale)
+        else:
+            scores = torch.baddbmm(bias.view(bh, 1, keys), q, k_t, alpha=scale)
         weights = scores.softmax(-1)
-        ctx = torch.bmm(weights, v.view(bh, keys, self.d_v)).view(b, 1, self.h * self.d_v)
-        out = self.out(ctx.to(x.dtype))
-        return AttentionOutput(out, weights.view(b, self.h, 1, keys) if need_weights else None)
+        ctx = torch.bmm(weights, v.view(bh, keys, self.d_v)).view(b, h * self.d_v)
+        out = linear_add(self.out, ctx.to(x.dtype), residual)
+        return out, weights.view(b, h, 1, keys) if need_weights else None
+
+    def _cache_memory(self, cache: LayerCache, memory: Tensor, key_mask: Tensor) -> None:
+        """The encoder output's keys/values, and the padding as a score bias, in the cache."""
+        k, v = self.project_kv(memory)
+        cache.cross_k = k.to(cache.dtype).contiguous()
+        cache.cross_v = v.to(cache.dtype).contiguous()
+        if not bool(key_mask.all()):
+            b, keys = key_mask.size(0), key_mask.size(-1)
+            bias = torch.zeros(b, self.h, 1, keys, dtype=cache.dtype, device=memory.device)
+            cache.cross_bias = bias.masked_fill_(~key_mask, float("-inf"))
 
     def _explicit(
         self,
@@ -235,6 +253,11 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.relu_dropout(F.relu(self.w1(x))))
+
+    def step(self, x: Tensor) -> Tensor:
+        """x + FFN(x) for decoding (no dropout), with the ReLU and the residual add fused
+        into the products where the layers can."""
+        return linear_add(self.w2, linear_relu(self.w1, x), x)
 
 
 class EncoderLayer(nn.Module):
@@ -291,12 +314,13 @@ class DecoderLayer(nn.Module):
         cache: LayerCache,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """`forward` for one new position per row, continuing the cached prefix."""
-        a = self.self_attn.step(y, cache, need_weights=need_weights)
-        y = self.norm1(self.dropout.add(y, a.values))
-        c = self.cross_attn.step(y, cache, memory, src_mask, need_weights)
-        y = self.norm2(self.dropout.add(y, c.values))
-        return self.norm3(self.dropout.add(y, self.ffn(y))), a.weights, c.weights
+        """`forward` for one new position per row, y (B, D), continuing the cached prefix;
+        inference only (no dropout)."""
+        y, self_w = self.self_attn.step(y, cache, residual=y, need_weights=need_weights)
+        y = self.norm1(y)
+        y, cross_w = self.cross_attn.step(y, cache, y, memory, src_mask, need_weights)
+        y = self.norm2(y)
+        return self.norm3(self.ffn.step(y)), self_w, cross_w
 
 
 class Transformer(nn.Module):
@@ -438,7 +462,7 @@ class Transformer(nn.Module):
         row-first tensors (what search records): every decoder layer's self-attention
         (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S).
         """
-        y = self.tgt_embed(last_tokens[:, None], cache.length)
+        y = self.tgt_embed.step(last_tokens, cache.length)
         own: list[Tensor] = []
         cross: list[Tensor] = []
         for layer, layer_cache in zip(self.decoder, cache.layers, strict=True):
@@ -448,8 +472,8 @@ class Transformer(nn.Module):
                 own.append(self_w)
                 cross.append(cross_w)
         cache.length += 1
-        logits = self.logits(y[:, -1])
-        return logits.float().log_softmax(-1), [*own, *cross] if need_weights else None
+        lprobs = torch.log_softmax(self.logits(y), -1, dtype=torch.float32)
+        return lprobs, [*own, *cross] if need_weights else None
 
 
 def count_parameters(module: nn.Module) -> int:
