@@ -9,10 +9,11 @@ them. Beam search reorders the cache by an explicit index after every step.
 The tensors are held in `dtype`, which need not be the model's: on a CPU the decoder
 attends in float32 even when its matrices are bf16, because one-query attention is a
 handful of tiny batched products, and oneDNN's bf16 kernels spend 5-7x longer on those
-than the float32 ones do (measured in BENCHMARKS.md). The prefix grows by concatenation
-rather than into a preallocated buffer: a slice of a larger buffer is not contiguous,
-and batched products over such slices measured 1.4-4x slower than over the
-concatenated tensor, which costs more than the copies it saves.
+than the float32 ones do (measured in BENCHMARKS.md). The prefix grows into a new
+tensor every step rather than into a preallocated buffer: a slice of a larger buffer is
+not contiguous, and batched products over such slices measured 1.4-4x slower than over
+a contiguous prefix, which costs more than the copy it saves. Search's reorder of the
+rows is deferred to that copy (`pending`), so the prefix is copied once a step.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class LayerCache:
     dtype: torch.dtype
     self_k: Tensor | None = None
     self_v: Tensor | None = None
+    # Rows of self_k/self_v the next step continues (search's reorder, applied as the
+    # next position is appended); None: all of them, in order.
+    pending: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
     cross_bias: Tensor | None = None  # (B, h, 1, S); None when no source has padding
@@ -39,12 +43,37 @@ class LayerCache:
         if self.self_k is None or self.self_v is None:
             k, v = k.to(self.dtype).contiguous(), v.to(self.dtype).contiguous()
         else:
-            # cat promotes the new position to the cache's dtype (float32 or the
-            # model's own) as it copies, without a separate cast
-            k = torch.cat([self.self_k, k], dim=2)
-            v = torch.cat([self.self_v, v], dim=2)
+            k = _gather_append(self.self_k, self.pending, k)
+            v = _gather_append(self.self_v, self.pending, v)
+            self.pending = None
         self.self_k, self.self_v = k, v
         return k, v
+
+    def reorder(self, index: Tensor, cross: bool) -> None:
+        if self.self_k is not None:
+            self.pending = index if self.pending is None else self.pending.index_select(0, index)
+        if cross and self.cross_k is not None and self.cross_v is not None:
+            self.cross_k = self.cross_k.index_select(0, index)
+            self.cross_v = self.cross_v.index_select(0, index)
+            if self.cross_bias is not None:
+                self.cross_bias = self.cross_bias.index_select(0, index)
+
+
+def _gather_append(prefix: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
+    """`cat([prefix[rows], new], dim=2)` written straight into one new tensor: the rows
+    are gathered in the same pass that copies the prefix (and `new` is cast to the
+    prefix's dtype as it is copied), so a step copies the prefix once, not twice."""
+    if torch.is_grad_enabled():  # out= is not differentiable: the plain two copies
+        kept = prefix if rows is None else prefix.index_select(0, rows)
+        return torch.cat([kept, new.to(prefix.dtype)], dim=2)
+    _, h, length, d = prefix.shape
+    out = prefix.new_empty(new.size(0), h, length + 1, d)
+    if rows is None:
+        out[:, :, :length] = prefix
+    else:
+        torch.index_select(prefix, 0, rows, out=out[:, :, :length])
+    out[:, :, length:] = new
+    return out
 
 
 @dataclass
@@ -61,14 +90,7 @@ class DecoderCache:
 
         Reordering beams within a sentence leaves the cross-attention keys/values as they
         are (all beams of one sentence share them), so search passes `cross=False` then
-        and copies only the self-attention prefix.
+        and only the self-attention prefix moves, at the next step's append.
         """
         for layer in self.layers:
-            if layer.self_k is not None and layer.self_v is not None:
-                layer.self_k = layer.self_k.index_select(0, index)
-                layer.self_v = layer.self_v.index_select(0, index)
-            if cross and layer.cross_k is not None and layer.cross_v is not None:
-                layer.cross_k = layer.cross_k.index_select(0, index)
-                layer.cross_v = layer.cross_v.index_select(0, index)
-                if layer.cross_bias is not None:
-                    layer.cross_bias = layer.cross_bias.index_select(0, index)
+            layer.reorder(index, cross)

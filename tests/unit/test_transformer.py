@@ -71,22 +71,28 @@ def test_incremental_decoding_equals_full_forward(
     assert (torch.stack(steps, 1) - full).abs().max().item() < 1e-5
 
 
-def test_incremental_decoding_after_cache_reorder(tiny_model: Transformer) -> None:
+@pytest.mark.parametrize("inference", [True, False], ids=["inference", "autograd"])
+def test_incremental_decoding_after_cache_reorder(tiny_model: Transformer, inference: bool) -> None:
+    """Search's reorders (applied as the next position is appended, two in a row
+    composed) leave the cache as if the reordered rows had been decoded from the start;
+    with autograd on, the same through plain copies."""
     src, tgt = _batch()
-    mask = tiny_model.source_mask(src)
-    memory = tiny_model.encode(src, mask)
-    cache = tiny_model.new_cache()
-    for t in range(3):
-        tiny_model.decode_step(tgt[:, t], memory, mask, cache)
-    # Reorder rows (as beam search does) and drop one (a finished sentence).
-    order = torch.tensor([2, 0])
-    cache.reorder(order, cross=True)
-    tgt2, src2 = tgt[order], src[order]
-    full = tiny_model(src2, tgt2).log_softmax(-1)
-    mask2, memory2 = mask[order], memory[order]
-    for t in range(3, tgt.size(1)):
-        lp, _ = tiny_model.decode_step(tgt2[:, t], memory2, mask2, cache)
-        assert (lp - full[:, t]).abs().max().item() < 1e-5
+    full = tiny_model(src, tgt).log_softmax(-1).detach()
+    with torch.inference_mode(inference):
+        mask = tiny_model.source_mask(src)
+        memory = tiny_model.encode(src, mask)
+        cache = tiny_model.new_cache()
+        for t in range(3):
+            tiny_model.decode_step(tgt[:, t], memory, mask, cache)
+        # Duplicate a row (beams), then reorder and drop one (a finished sentence).
+        cache.reorder(torch.tensor([0, 0, 1, 2]), cross=True)
+        cache.reorder(torch.tensor([3, 1]), cross=True)
+        order = torch.tensor([2, 0])
+        mask2, memory2 = mask[order], memory[order]
+        for t in range(3, tgt.size(1)):
+            lp, _ = tiny_model.decode_step(tgt[order, t], memory2, mask2, cache)
+            assert (lp - full[order, t]).abs().max().item() < 1e-5
+            cache.reorder(torch.tensor([0, 1]), cross=False)
 
 
 def test_attention_weights_path_matches_fused_path(tiny_model: Transformer) -> None:
