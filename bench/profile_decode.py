@@ -13,7 +13,6 @@ inflated by the profiler itself and by other load on the machine; the counts are
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
 import time
 from pathlib import Path
@@ -23,12 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.engines.translate import Translator, set_threads
-
-
-def read_lines(path: Path, n: int) -> list[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        return [line.rstrip("\n") for _, line in zip(range(n), fh, strict=False)]
+from nmt_cli.text_io import read_lines
 
 
 def main() -> None:
@@ -42,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     print("command:", " ".join(["python", *sys.argv]))
     set_threads(1, 1)
-    lines = read_lines(args.source, args.lines)
+    lines = read_lines(args.source)[: args.lines]
     cfg = DecodeConfig(beam_size=4, precision=args.precision, batch_sentences=args.batch)
     translator = Translator.from_checkpoint(load_checkpoint(args.model), cfg, 1)
     translator.translate(lines[:8])  # warm-up: kernels, allocator

@@ -374,7 +374,7 @@ class _BeamSearch:
         if origin is not None:
             history = history.index_select(0, origin)
         eos = top_tok == EOS_ID
-        ended = eos & torch.isfinite(top_lp)
+        ended = eos & (top_lp > -math.inf)  # a closed slot's candidates are -inf
         if bool(ended.any()):
             self.any_finished = True
             lp = length_penalty_value(step + 1, self.alpha)
