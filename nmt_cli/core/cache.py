@@ -63,7 +63,8 @@ def _gather_append(prefix: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
     """`cat([prefix[rows], new], dim=2)` written straight into one new tensor: the rows
     are gathered in the same pass that copies the prefix (and `new` is cast to the
     prefix's dtype as it is copied), so a step copies the prefix once, not twice."""
-    if torch.is_grad_enabled():  # out= is not differentiable: the plain two copies
+    if torch.is_grad_enabled() or prefix.device.type != "cpu":
+        # out= is not differentiable; GPUs, with bandwidth to spare, take the plain path
         kept = prefix if rows is None else prefix.index_select(0, rows)
         return torch.cat([kept, new.to(prefix.dtype)], dim=2)
     _, h, length, d = prefix.shape

@@ -72,16 +72,21 @@ class Embedding(nn.Module):
 
     def forward(self, ids: Tensor, start: int = 0) -> Tensor:
         x = self.tokens(ids) * self.scale + self.positions(start, ids.size(1))
-        # Under autocast, start the residual stream in the low precision: otherwise every
-        # residual add promotes it back to fp32 and each linear layer casts its input again.
-        device = x.device.type
-        if torch.is_autocast_enabled(device):
-            x = x.to(torch.get_autocast_dtype(device))
-        return self.dropout(x)
+        return self.dropout(_autocast_stream(x))
 
     def step(self, ids: Tensor, position: int) -> Tensor:
         """`forward` for one position per row, ids (B,) -> (B, D); inference only."""
-        return F.embedding(ids, self.tokens.weight) * self.scale + self.positions(position, 1)
+        x = F.embedding(ids, self.tokens.weight) * self.scale + self.positions(position, 1)
+        return _autocast_stream(x)
+
+
+def _autocast_stream(x: Tensor) -> Tensor:
+    """Under autocast, start the residual stream in the low precision: otherwise every
+    residual add promotes it back to fp32 and each linear layer casts its input again."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x
 
 
 @dataclass
