@@ -9,6 +9,14 @@ alike. Prints the median target tokens/s of training, the sentences/s of decodin
 B/A ratios.
 
     .venv/bin/python bench/compare_revisions.py 68ba359 HEAD --rounds 3
+
+With `--model` (a trained checkpoint) and `--source` (text to translate, plain or .gz),
+only decoding is compared, on that model and text: every precision of `--precisions`
+at every batch size of `--batch-sizes` (batch 1 on the first `--single` lines), at the
+default output length:
+
+    .venv/bin/python bench/compare_revisions.py 483569c HEAD \
+        --model runs/multi30k-en-de/average.pt --source DIR/test_2016_flickr.en.gz
 """
 
 from __future__ import annotations
@@ -16,14 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from nmt_cli.text_io import read_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +46,7 @@ def run(cmd: list[str], cwd: Path, tree: Path | None = None) -> str:
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"failed ({done.returncode}): {shlex.join(cmd)}\n{done.stderr[-2000:]}")
-    return done.stdout
+    return done.stdout + done.stderr
 
 
 NMT = [sys.executable, "-c", "from nmt_cli.cli import main; main()"]
@@ -63,13 +74,50 @@ def train_rate(tree: Path, work: Path, data: Path, steps: int, tag: str) -> floa
     return statistics.median(rates)
 
 
-def translate_rate(tree: Path, work: Path, model: Path, test: Path, precision: str) -> float:
+def translate_rate(
+    tree: Path, work: Path, model: Path, test: Path, precision: str, extra: tuple[str, ...] = ()
+) -> float:
+    """Sentences/s of one `nmt translate` process, as its closing summary reports them
+    (decoding only: start-up and model loading are not counted)."""
     cmd = [*NMT, "translate", "-m", str(model), "-i", str(test), "-o", os.devnull]
-    cmd += ["--precision", precision, "--max-len-b", "20", "--quiet", "--threads", "1"]
-    lines = sum(1 for _ in test.open(encoding="utf-8"))
-    t0 = time.perf_counter()
-    run(cmd, work, tree)
-    return lines / (time.perf_counter() - t0)
+    cmd += ["--precision", precision, "--threads", "1", *extra]
+    summary = re.search(r"\(([\d.,]+) sent/s", run(cmd, work, tree))
+    if summary is None:
+        sys.exit(f"no speed in the summary of {shlex.join(cmd)}")
+    return float(summary.group(1).replace(",", ""))
+
+
+def side_by_side(
+    pool: ThreadPoolExecutor, trees: dict[str, Path], rate: Callable[[Path], float]
+) -> dict[str, float]:
+    """`rate` of every revision at once, one per core."""
+    return dict(zip(trees, pool.map(lambda name: rate(trees[name]), trees), strict=True))
+
+
+def decode_rounds(
+    args: argparse.Namespace, pool: ThreadPoolExecutor, trees: dict[str, Path], work: Path
+) -> dict[str, dict[str, list[float]]]:
+    """Decoding only: the given model on the given text, each precision and batch size."""
+    lines = read_lines(args.source)
+    tests = {}
+    for batch in args.batch_sizes:
+        tests[batch] = work / f"source-{batch}.txt"
+        chosen = lines[: args.single] if batch == 1 else lines
+        tests[batch].write_text("".join(line + "\n" for line in chosen), encoding="utf-8")
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+    for _ in range(args.rounds):
+        for precision in args.precisions:
+            for batch, test in tests.items():
+                extra = ("--batch-size", str(batch))
+
+                def decode(
+                    tree: Path, p: str = precision, t: Path = test, e: tuple[str, ...] = extra
+                ) -> float:
+                    return translate_rate(tree, work, args.model, t, p, e)
+
+                for name, sent in side_by_side(pool, trees, decode).items():
+                    results[name].setdefault(f"{precision} batch {batch} sent/s", []).append(sent)
+    return results
 
 
 def main() -> None:
@@ -78,7 +126,16 @@ def main() -> None:
     parser.add_argument("rev_b")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--model", type=Path, help="decoding only: this trained checkpoint")
+    parser.add_argument("--source", type=Path, help="decoding only: the text to translate")
+    parser.add_argument("--precisions", default="fp32,bf16,int8")
+    parser.add_argument("--batch-sizes", default="64,1")
+    parser.add_argument("--single", type=int, default=200, help="lines decoded at batch 1")
     args = parser.parse_args()
+    args.precisions = args.precisions.split(",")
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if (args.model is None) != (args.source is None):
+        sys.exit("--model and --source go together")
     print("command:", shlex.join([Path(sys.executable).name, *sys.argv]))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -87,6 +144,11 @@ def main() -> None:
             trees[name] = work / f"tree-{name}"
             run(["git", "worktree", "add", "--detach", str(trees[name]), rev], ROOT)
         try:
+            if args.model is not None:
+                args.model = args.model.resolve()
+                with ThreadPoolExecutor(2) as pool:
+                    report(args, decode_rounds(args, pool, trees, work))
+                return
             data = work / "data"
             prep = [*NMT, "prepare", "demo", "--out", str(data)]
             run([*prep, "--max-pairs", "6000", "--vocab-size", "1000"], work, trees["B"])
@@ -105,7 +167,9 @@ def main() -> None:
                         results[name].setdefault("train tok/s", []).append(rate)
                     for precision in ("fp32", "bf16"):
                         sents = pool.map(
-                            lambda n, p=precision: translate_rate(trees[n], work, ckpt, test, p),
+                            lambda n, p=precision: translate_rate(
+                                trees[n], work, ckpt, test, p, ("--max-len-b", "20")
+                            ),
                             trees,
                         )
                         for name, sent in zip(trees, sents, strict=True):
@@ -114,6 +178,10 @@ def main() -> None:
         finally:
             for tree in trees.values():
                 run(["git", "worktree", "remove", "--force", str(tree)], ROOT)
+    report(args, results)
+
+
+def report(args: argparse.Namespace, results: dict[str, dict[str, list[float]]]) -> None:
     print(f"A = {args.rev_a}, B = {args.rev_b}; medians of {args.rounds} side-by-side rounds")
     for key in results["A"]:
         a, b = statistics.median(results["A"][key]), statistics.median(results["B"][key])
