@@ -58,6 +58,17 @@ class Translator:
         threads, workers = set_threads(cfg.threads, cfg.workers)
         return cls(Engine.load(models, cfg, workers, alignment_layer), threads)
 
+    def close(self) -> None:
+        """Stop the decoding workers (processes on Linux) started for multi-batch inputs;
+        also done on garbage collection and at exit, and by `with Translator.load(...)`."""
+        self.engine.close()
+
+    def __enter__(self) -> Translator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def config(self) -> DecodeConfig:
         return self.engine.cfg

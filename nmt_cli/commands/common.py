@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,6 +92,9 @@ def user_errors(verbose: bool = False) -> Iterator[None]:
     except NmtError as exc:
         raise fail(str(exc), exc.exit_code) from None
     except KeyboardInterrupt:
+        # Stopping (decoding workers, open files) may take a moment: a second Ctrl-C
+        # then would break out of the clean-up with a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise fail("interrupted", 130) from None
     except BrokenPipeError:
         # The reader of stdout left (`nmt translate ... | head`): it has what it wanted,

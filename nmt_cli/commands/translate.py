@@ -178,6 +178,7 @@ def translate(
                 releaser.after_chunk()  # what the chunk freed goes back to the system
 
             chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
+            stack.callback(translator.close)
             stats = translate_stream(translator.engine, chunks, emit)
         if decoder.decoder.replaced:
             warn(decoder.decoder.warning())

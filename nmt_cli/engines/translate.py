@@ -10,7 +10,6 @@ never dropped.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +33,7 @@ from nmt_cli.engines.attention_views import (
     decoder_layers,
     default_layer,
 )
+from nmt_cli.engines.decode_workers import DecodePool
 from nmt_cli.engines.models import ModelPaths, build_decoder, load_checkpoints
 from nmt_cli.errors import NmtError, UsageError
 
@@ -100,7 +100,7 @@ class Translator:
         self.batch_sentences = cfg.batch_sentences or (
             CPU_BATCH_SENTENCES if on_cpu else GPU_BATCH_SENTENCES
         )
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DecodePool | None = None
         self.aligner: CrossAttentionOf | None = None
         if alignment_layer is not None:
             layers = decoder_layers(model)
@@ -138,13 +138,23 @@ class Translator:
         ckpts, names = load_checkpoints(paths)
         return cls.from_checkpoint(ckpts, cfg, workers, alignment_layer, names)
 
-    def _workers(self) -> ThreadPoolExecutor:
-        """One pool for the translator's lifetime: the same few threads decode every chunk.
-        (A pool per chunk made glibc give each new thread its own malloc arena, and the
-        resident memory grew with the input: 1.2 GiB for 1,000 lines, 2.6 GiB for 20,000.)"""
+    def _workers(self) -> DecodePool:
+        """The pool that decodes `workers` batches at once, made on first use (forked
+        worker processes, which then share the model built so far: decode_workers.py)."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="nmt-decode")
+            self._pool = DecodePool(self, self.workers)
         return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes or threads, if any were started."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __getstate__(self) -> dict[str, object]:
+        # A worker is forked with the translator and never pickles it; if something
+        # does, the pool of the original stays with the original.
+        return {**self.__dict__, "_pool": None}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -153,9 +163,6 @@ class Translator:
     def translate(self, lines: Sequence[str], attention: bool = False) -> list[Translation]:
         """Translate `lines`, keeping their order; with `attention`, every hypothesis
         carries its source attention, recorded by the search that produced it."""
-        view = self.aligner
-        if attention and view is None:
-            view = CrossAttentionOf(self.model, default_layer(decoder_layers(self.model)) - 1)
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
         ids = [x[: self.max_source] for x in ids]
@@ -163,15 +170,13 @@ class Translator:
         order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
         batches = list(self._batches(order, ids))
 
-        def decode(batch: list[int]) -> list[list[Hypothesis]]:
-            return self._search(self.source_tensor([ids[i] for i in batch]), view)
-
+        rows = [[ids[i] for i in batch] for batch in batches]
         if self.workers > 1 and len(batches) > 1:
-            # Batches decoded side by side, one thread each: on small CPUs this beats
+            # Batches decoded side by side, one worker each: on small CPUs this beats
             # spreading every small matrix product over all cores (see set_threads).
-            decoded = list(self._workers().map(decode, batches))
+            decoded = self._workers().map(rows, attention)
         else:
-            decoded = [decode(batch) for batch in batches]
+            decoded = [self.decode_rows(batch, attention) for batch in rows]
         for batch, results in zip(batches, decoded, strict=True):
             for i, result in zip(batch, results, strict=True):
                 hyps[i] = result
@@ -183,6 +188,15 @@ class Translator:
             )
             for i, line in enumerate(lines)
         ]
+
+    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
+        """One batch of source token ids -> each sentence's hypotheses, recording the
+        alignment layer's attention when alignments are on, or the default layer's with
+        `attention`."""
+        view = self.aligner
+        if attention and view is None:
+            view = CrossAttentionOf(self.model, default_layer(decoder_layers(self.model)) - 1)
+        return self._search(self.source_tensor(rows), view)
 
     def _batches(self, order: list[int], ids: list[list[int]]) -> Iterator[list[int]]:
         """Consecutive runs of the length-sorted sentences, capped in sentences and, when
@@ -283,6 +297,7 @@ def translate_lines(
         if chunk:
             out.extend(t.text for t in translator.translate(chunk))
     finally:
+        translator.close()
         if was_training and not isinstance(model, Checkpoint):
             model.train()
     return out

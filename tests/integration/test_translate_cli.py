@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from nmt_cli.cli import app
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
+from nmt_cli.engines.decode_workers import forks
 from nmt_cli.engines.translate import Translator, set_threads, translate_lines
 from nmt_cli.engines.translate_stream import read_chunks
 
@@ -199,12 +200,22 @@ def test_batch_size_defaults_to_64_sentences_on_a_cpu(copier: Path) -> None:
 
 
 def test_batches_decoded_side_by_side_give_the_same_output(copier: Path) -> None:
+    """Two workers (forked processes on Linux) give what one gives: texts, scores and
+    the attention recorded for alignments; closing stops the processes."""
     ckpt = load_checkpoint(copier)
     cfg = DecodeConfig(precision="fp32", batch_sentences=2)
     lines = COPY_POOL[20:35]
-    one = Translator.from_checkpoint(ckpt, cfg, workers=1).translate(lines)
-    two = Translator.from_checkpoint(ckpt, cfg, workers=2).translate(lines)
-    assert [t.text for t in two] == [t.text for t in one] == lines
+    one = Translator.from_checkpoint(ckpt, cfg, workers=1, alignment_layer=0)
+    two = Translator.from_checkpoint(ckpt, cfg, workers=2, alignment_layer=0)
+    expected, got = one.translate(lines, attention=True), two.translate(lines, attention=True)
+    assert [t.text for t in got] == [t.text for t in expected] == lines
+    assert [t.hypotheses for t in got] == [t.hypotheses for t in expected]
+    pool = two._pool
+    assert pool is not None and pool.processes == forks()
+    two.close()
+    assert two._pool is None
+    with pytest.raises(RuntimeError, match="shutdown"):
+        pool.executor.submit(print)
 
 
 def test_read_chunks_answers_a_slow_pipe_at_once() -> None:
