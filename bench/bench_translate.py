@@ -30,6 +30,7 @@ A precision the installed nmt refuses is skipped with a note.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import platform
 import resource
@@ -123,19 +124,54 @@ def timed(decode: Decode, lines: list[str]) -> tuple[float, list[Output]]:
     return time.perf_counter() - start, outputs
 
 
-def peak_rss_mb(command: list[str]) -> tuple[float, float]:
-    """Peak resident memory (MiB) and wall time of a fresh subprocess."""
-    script = (
-        "import resource, subprocess, sys, time; t = time.perf_counter(); "
-        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, "
-        "time.perf_counter() - t)"
-    )
-    out = subprocess.run([sys.executable, "-c", script, *command], capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"{' '.join(command)} failed: {out.stderr.strip()}")
-    rss, secs = out.stdout.split()
-    return float(rss), float(secs)
+@dataclass(frozen=True)
+class Memory:
+    """Peak memory (MiB) of a command and the worker processes it starts."""
+
+    largest: float  # the largest single process's peak resident set
+    rss: float  # the highest sum of the processes' resident sets, sampled
+    pss: float  # the same for proportional sets: pages shared by n processes count 1/n each
+    seconds: float
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (Linux /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in task.read_text().split()]
+    return found
+
+
+def _rollup(pid: int) -> tuple[float, float]:
+    """(Rss, Pss) of one process in MiB, (0, 0) once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0, 0.0
+    fields = {line.split(":")[0]: float(line.split()[1]) for line in text.splitlines()[1:]}
+    return fields.get("Rss", 0.0) / 1024, fields.get("Pss", 0.0) / 1024
+
+
+def peak_memory(command: list[str]) -> Memory:
+    """Peak memory and wall time of a fresh subprocess and its workers, sampled every
+    0.1 s from /proc (a peak shorter than that can be missed)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    largest = rss = pss = 0.0
+    while proc.poll() is None:
+        sizes = [_rollup(p) for p in _tree(proc.pid)]
+        largest = max([largest, *(r for r, _ in sizes)])
+        rss, pss = max(rss, sum(r for r, _ in sizes)), max(pss, sum(p for _, p in sizes))
+        time.sleep(0.1)
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        assert proc.stderr is not None
+        raise SystemExit(f"{' '.join(command)} failed: {proc.stderr.read().decode().strip()}")
+    return Memory(largest, rss, pss, seconds)
 
 
 def speed(args: argparse.Namespace, lines: list[str], dirs: dict[str, Path]) -> list[Row]:
@@ -234,10 +270,11 @@ def memory(args: argparse.Namespace, lines: list[str]) -> None:
                 for _ in range(reps):
                     fh.write("\n".join(lines) + "\n")
             command = [*base, "-i", str(path), *extra]
-            rss, seconds = peak_rss_mb(command)
+            mem = peak_memory(command)
             print(
-                f"  {reps * len(lines):,} lines ({note}): {rss:.0f} MiB in {seconds:.0f}s; "
-                f"extra flags: {' '.join(extra) or 'none'}",
+                f"  {reps * len(lines):,} lines ({note}): largest process {mem.largest:.0f} MiB, "
+                f"all processes {mem.rss:.0f} MiB resident / {mem.pss:.0f} MiB proportional, "
+                f"in {mem.seconds:.0f}s; extra flags: {' '.join(extra) or 'none'}",
                 flush=True,
             )
 
