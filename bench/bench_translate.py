@@ -117,8 +117,10 @@ def ct2_decoder(model_dir: Path, compute_type: str, layout: Layout, batch: int) 
     return lambda lines: decoder.translate(lines, batch)
 
 
-def timed(decode: Decode, lines: list[str]) -> tuple[float, list[Output]]:
-    decode(lines[:8])  # warm-up: kernels, allocators
+def timed(decode: Decode, lines: list[str], warmup: int = 8) -> tuple[float, list[Output]]:
+    """Seconds to decode `lines`, after a warm-up on the first `warmup` (kernels,
+    allocators, and nmt's worker processes: one batch each)."""
+    decode(lines[:warmup])
     start = time.perf_counter()
     outputs = decode(lines)
     return time.perf_counter() - start, outputs
@@ -200,7 +202,7 @@ def speed(args: argparse.Namespace, lines: list[str], dirs: dict[str, Path]) -> 
                     print(f"note: {system} skipped, this nmt refuses it: {exc}")
                     refused.add(system)
                     continue
-                seconds, outputs = timed(decode, subset)
+                seconds, outputs = timed(decode, subset, max(8, batch * layout.cores))
                 del decode
                 bleu = None
                 if refs is not None and batch == 128:
