@@ -184,9 +184,9 @@ class MultiHeadAttention(nn.Module):
         Cross-attention projects `memory` on the first step and reads the cache after.
         softmax(QK^T / sqrt(d_k)) V is written out as two small batched products in the
         cache's dtype (see core/cache.py), which at one query per row beat the fused SDPA
-        kernel on CPUs; the first product also masks (`baddbmm`), and the
-        output projection adds the residual (core/decode_linear.linear_add): a step is
-        mostly per-operation overhead, so every operation saved counts.
+        kernel on CPUs; the first product also masks (`baddbmm`), and the output
+        projection adds the residual (core/decode_linear.linear_add): a step is mostly
+        per-operation overhead, so every operation saved counts.
         """
         b, h = x.size(0), self.h
         bias: Tensor | None = None

@@ -151,11 +151,6 @@ class Translator:
             self._pool.close()
             self._pool = None
 
-    def __getstate__(self) -> dict[str, object]:
-        # A worker is forked with the translator and never pickles it; if something
-        # does, the pool of the original stays with the original.
-        return {**self.__dict__, "_pool": None}
-
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
