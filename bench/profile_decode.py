@@ -6,8 +6,9 @@
 Translates the first --lines sentences one batch at a time (beam 4, one thread), as
 `nmt translate --batch-size N` does, and prints per decoder step: how many times each
 operator ran, its own time, and the share of the step, plus the wall time per step
-and what the profiler does not see (Python between the operators). Operator times are
-inflated by the profiler itself and by other load on the machine; the counts are exact.
+and what the profiler does not see (Python between the operators); at batch 1 also the
+steps beam search took per output token. Operator times are inflated by the profiler
+itself and by other load on the machine; the counts are exact.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def main() -> None:
     translator.translate(lines[:8])  # warm-up: kernels, allocator
 
     start = time.perf_counter()
-    translator.translate(lines)
+    results = translator.translate(lines)
     wall = time.perf_counter() - start
+    # Output tokens with their EOS: the fewest steps any search could take for them.
+    produced = sum(r.hypotheses[0].length + 1 for r in results if r.hypotheses)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         translator.translate(lines)
     events = prof.key_averages()
@@ -57,6 +60,11 @@ def main() -> None:
         f"{steps} steps, {wall / steps * 1e3:.3f} ms a step unprofiled "
         f"({len(lines) / wall:.1f} sentences/s)"
     )
+    if args.batch == 1:  # at batch 1 every step belongs to the one sentence
+        print(
+            f"{steps / produced:.2f} steps per output token (EOS included): the exact "
+            "stopping bound's extra steps"
+        )
     print(f"operators seen by the profiler: {seen_us / steps / 1e3:.3f} ms a step")
     print(f"{'operator':<36}{'calls/step':>11}{'us/step':>10}{'share':>8}")
     for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.top]:
