@@ -1,0 +1,48 @@
+"""The decoding worker pool: results in order from forked processes, and a clear error
+when a worker dies (as the kernel's out-of-memory killer would make it)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from nmt_cli.core.search import Hypothesis
+from nmt_cli.engines.decode_workers import DecodePool, forks
+from nmt_cli.errors import NmtError
+
+
+class Echo:
+    """Stands in for a Translator: 'decodes' each row into its own tokens, and reports
+    which process did it."""
+
+    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
+        return [[Hypothesis(row, float(os.getpid()), float(attention))] for row in rows]
+
+
+class Dies:
+    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
+        os._exit(9)
+
+
+def test_batches_come_back_in_order_from_the_workers() -> None:
+    pool = DecodePool(Echo(), 2)  # type: ignore[arg-type]
+    try:
+        batches = [[[i, i + 1]] for i in range(12)]
+        decoded = pool.map(batches, attention=True)
+    finally:
+        pool.close()
+    assert [d[0][0].tokens for d in decoded] == [b[0] for b in batches]
+    assert all(d[0][0].log_prob == 1.0 for d in decoded)
+    decoded_in = {int(d[0][0].score) for d in decoded}
+    assert (os.getpid() not in decoded_in) == forks() == pool.processes
+
+
+@pytest.mark.skipif(not forks(), reason="worker processes only where the system forks")
+def test_a_worker_that_dies_is_a_clear_error() -> None:
+    pool = DecodePool(Dies(), 2)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(NmtError, match="decoding worker process died"):
+            pool.map([[[1]], [[2]]], attention=False)
+    finally:
+        pool.close()
