@@ -3,8 +3,8 @@ can fork, one thread each otherwise.
 
 A decoder step is hundreds of small PyTorch operations, and between them Python holds
 its interpreter lock. Two threads decoding side by side take turns at that lock on
-every operation: on the 2-core benchmark machine, two threads decoded one sentence at a
-time no faster than one thread (1.05x), while two processes did 1.9x (BENCHMARKS.md).
+every operation: on the 2-core benchmark machine, two threads decoding one sentence at
+a time were no faster than one thread, while two processes are 1.9x (BENCHMARKS.md).
 
 The workers are forked from the process that built the model, when it first has more
 than one batch to decode: they share the model's memory copy-on-write (nothing is loaded
