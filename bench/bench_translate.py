@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import functools
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -281,6 +282,19 @@ def memory(args: argparse.Namespace, lines: list[str]) -> None:
             )
 
 
+def cpu_model() -> str:
+    """The CPU's model name and its bf16/int8 instruction sets (Linux), else the machine."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = re.search(r"^model name\s*:\s*(.+)$", info, re.MULTILINE)
+    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.MULTILINE)
+    wanted = ("avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
+    have = [f for f in wanted if flags and f in flags.group(1).split()]
+    return f"{name.group(1) if name else platform.machine()} ({', '.join(have) or 'no bf16/vnni'})"
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("test_src", type=Path, help="source side of the test set (gz)")
@@ -316,7 +330,7 @@ def main() -> None:
     ckpt = load_checkpoint(args.model)
     cfg = ckpt.model_config
     print(
-        f"{date.today()}, {platform.processor() or platform.machine()}, "
+        f"{date.today()}, {cpu_model()}, "
         f"{usable_cpus()} usable cores, torch {torch.__version__}; model {args.model} (step "
         f"{ckpt.step}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model "
         f"{cfg.d_model}); {len(lines)} sentences; beam 4, alpha 0.6, max |src| + 50"
