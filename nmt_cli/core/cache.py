@@ -70,10 +70,10 @@ def _gather_append(prefix: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
     _, h, length, d = prefix.shape
     out = prefix.new_empty(new.size(0), h, length + 1, d)
     if rows is None:
-        out[:, :, :length] = prefix
+        out.narrow(2, 0, length).copy_(prefix)
     else:
-        torch.index_select(prefix, 0, rows, out=out[:, :, :length])
-    out[:, :, length:] = new
+        torch.index_select(prefix, 0, rows, out=out.narrow(2, 0, length))
+    out.narrow(2, length, 1).copy_(new)
     return out
 
 

@@ -34,3 +34,10 @@ class LayerNorm(nn.LayerNorm):
         if device == "cuda" and x.dtype in _LOW_PRECISION and torch.is_autocast_enabled(device):
             return low_precision_layer_norm(self, x)
         return super().forward(x)
+
+    def step(self, x: Tensor) -> Tensor:
+        """`forward` for a decoder step, straight to the kernel: the five Python calls
+        between `norm(x)` and it cost more than the kernel itself at a few rows, and a
+        step makes nine. (Under CUDA autocast the output is fp32, as plain autocast has
+        it: decoding models are cast to their dtype and run without autocast.)"""
+        return torch.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)

@@ -322,10 +322,10 @@ class DecoderLayer(nn.Module):
         """`forward` for one new position per row, y (B, D), continuing the cached prefix;
         inference only (no dropout)."""
         y, self_w = self.self_attn.step(y, cache, residual=y, need_weights=need_weights)
-        y = self.norm1(y)
+        y = self.norm1.step(y)
         y, cross_w = self.cross_attn.step(y, cache, y, memory, src_mask, need_weights)
-        y = self.norm2(y)
-        return self.norm3(self.ffn.step(y)), self_w, cross_w
+        y = self.norm2.step(y)
+        return self.norm3.step(self.ffn.step(y)), self_w, cross_w
 
 
 class Transformer(nn.Module):
@@ -425,7 +425,7 @@ class Transformer(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) -> (..., V) through the tied output projection, no bias."""
         if self.projection is not None:
-            return self.projection(hidden)
+            return linear(self.projection, hidden)
         return F.linear(hidden, self.output_weight)
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
