@@ -191,7 +191,8 @@ class MultiHeadAttention(nn.Module):
         b, h = x.size(0), self.h
         bias: Tensor | None = None
         if self.self_attention:
-            q, k, v = linear(self.qkv, x).split([h * self.d_k] * 2 + [h * self.d_v], dim=-1)
+            sizes = [h * self.d_k] * 2 + [h * self.d_v]  # (split_with_sizes: the op itself,
+            q, k, v = linear(self.qkv, x).split_with_sizes(sizes, dim=-1)  # not Tensor.split)
             k, v = cache.append_self(k.view(b, h, 1, self.d_k), v.view(b, h, 1, self.d_v))
         else:
             q = linear(self.q, x)
