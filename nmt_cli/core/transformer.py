@@ -199,8 +199,8 @@ class MultiHeadAttention(nn.Module):
             if cache.cross_k is None or cache.cross_v is None:
                 assert memory is not None and key_mask is not None, "the first step needs them"
                 self._cache_memory(cache, memory, key_mask)
+            assert cache.cross_k is not None and cache.cross_v is not None
             k, v, bias = cache.cross_k, cache.cross_v, cache.cross_bias
-            assert k is not None and v is not None
         # Rows x heads folded into one batch dimension (free views of the contiguous
         # cache): bmm directly, without matmul's reshapes of 4-d operands.
         bh, keys = b * h, k.size(2)
