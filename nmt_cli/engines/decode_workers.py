@@ -11,7 +11,9 @@ than one batch to decode: they share the model's memory copy-on-write (nothing i
 or pickled), start in milliseconds, and only token ids travel to them and hypotheses
 back. A worker ignores Ctrl-C (the parent stops them), uses one thread, and hands freed
 heap pages back to the system as the parent does. Where fork is not the platform's way
-(macOS, Windows), threads decode instead.
+(macOS, Windows), threads decode instead, and so they do when each worker is to use
+several threads (`--threads` above `--workers`): GNU OpenMP, which PyTorch's CPU builds
+use, cannot start a team of threads in a process forked from one that had a team.
 """
 
 from __future__ import annotations
@@ -60,8 +62,14 @@ def _decode(rows: Rows, attention: bool) -> Decoded:
 
 
 def forks() -> bool:
-    """Whether batches are decoded in forked processes here (Linux) rather than threads."""
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+    """Whether batches are decoded in forked processes here (Linux, one thread per
+    worker: see above) rather than threads."""
+    linux = sys.platform.startswith("linux")
+    return (
+        linux
+        and "fork" in multiprocessing.get_all_start_methods()
+        and (torch.get_num_threads() == 1)
+    )
 
 
 class DecodePool:

@@ -199,6 +199,7 @@ def test_batch_size_defaults_to_64_sentences_on_a_cpu(copier: Path) -> None:
     assert [len(b) for b in given._batches(list(range(150)), [[5]] * 150)] == [100, 50]
 
 
+@pytest.mark.usefixtures("one_thread")  # one thread per worker: processes where possible
 def test_batches_decoded_side_by_side_give_the_same_output(copier: Path) -> None:
     """Two workers (forked processes on Linux) give what one gives: texts, scores and
     the attention recorded for alignments; closing stops the processes."""

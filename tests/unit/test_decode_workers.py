@@ -4,12 +4,16 @@ when a worker dies (as the kernel's out-of-memory killer would make it)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+import torch
 
 from nmt_cli.core.search import Hypothesis
 from nmt_cli.engines.decode_workers import DecodePool, forks
 from nmt_cli.errors import NmtError
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # workers are processes at one thread
 
 
 class Echo:
@@ -36,10 +40,17 @@ def test_batches_come_back_in_order_from_the_workers() -> None:
     assert all(d[0][0].log_prob == 1.0 for d in decoded)
     decoded_in = {int(d[0][0].score) for d in decoded}
     assert (os.getpid() not in decoded_in) == forks() == pool.processes
+    assert forks() == sys.platform.startswith("linux")
 
 
-@pytest.mark.skipif(not forks(), reason="worker processes only where the system forks")
+def test_several_threads_per_worker_mean_threads_not_processes() -> None:
+    torch.set_num_threads(2)  # the one_thread fixture restores the count
+    assert not forks()
+
+
 def test_a_worker_that_dies_is_a_clear_error() -> None:
+    if not forks():
+        pytest.skip("worker processes only where the system forks")
     pool = DecodePool(Dies(), 2)  # type: ignore[arg-type]
     try:
         with pytest.raises(NmtError, match="decoding worker process died"):
