@@ -88,10 +88,10 @@ def translate_rate(
 
 
 def side_by_side(
-    pool: ThreadPoolExecutor, trees: dict[str, Path], rate: Callable[[Path], float]
+    pool: ThreadPoolExecutor, trees: dict[str, Path], rate: Callable[[str, Path], float]
 ) -> dict[str, float]:
-    """`rate` of every revision at once, one per core."""
-    return dict(zip(trees, pool.map(lambda name: rate(trees[name]), trees), strict=True))
+    """`rate(name, tree)` of every revision at once, one per core."""
+    return dict(zip(trees, pool.map(lambda name: rate(name, trees[name]), trees), strict=True))
 
 
 def decode_rounds(
@@ -111,7 +111,11 @@ def decode_rounds(
                 extra = ("--batch-size", str(batch))
 
                 def decode(
-                    tree: Path, p: str = precision, t: Path = test, e: tuple[str, ...] = extra
+                    _: str,
+                    tree: Path,
+                    p: str = precision,
+                    t: Path = test,
+                    e: tuple[str, ...] = extra,
                 ) -> float:
                     return translate_rate(tree, work, args.model, t, p, e)
 
@@ -159,20 +163,18 @@ def main() -> None:
             results: dict[str, dict[str, list[float]]] = {"A": {}, "B": {}}
             with ThreadPoolExecutor(2) as pool:
                 for round_ in range(args.rounds):
-                    rates = pool.map(
-                        lambda n, r=round_: train_rate(trees[n], work, data, args.steps, f"{n}{r}"),
-                        trees,
-                    )
-                    for name, rate in zip(trees, rates, strict=True):
+
+                    def train(name: str, tree: Path, r: int = round_) -> float:
+                        return train_rate(tree, work, data, args.steps, f"{name}{r}")
+
+                    for name, rate in side_by_side(pool, trees, train).items():
                         results[name].setdefault("train tok/s", []).append(rate)
                     for precision in ("fp32", "bf16"):
-                        sents = pool.map(
-                            lambda n, p=precision: translate_rate(
-                                trees[n], work, ckpt, test, p, ("--max-len-b", "20")
-                            ),
-                            trees,
-                        )
-                        for name, sent in zip(trees, sents, strict=True):
+
+                        def decode(_: str, tree: Path, p: str = precision) -> float:
+                            return translate_rate(tree, work, ckpt, test, p, ("--max-len-b", "20"))
+
+                        for name, sent in side_by_side(pool, trees, decode).items():
                             key = f"translate {precision} sent/s"
                             results[name].setdefault(key, []).append(sent)
         finally:

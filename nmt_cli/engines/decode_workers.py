@@ -98,10 +98,8 @@ class DecodePool:
 
     def map(self, batches: Sequence[Rows], attention: bool) -> list[Decoded]:
         """Each batch's hypotheses, in the order of `batches`."""
+        decode = _decode if self.processes else self.translator.decode_rows
         try:
-            if self.processes:
-                return list(self.executor.map(_decode, batches, repeat(attention)))
-            decode = self.translator.decode_rows
             return list(self.executor.map(decode, batches, repeat(attention)))
         except BrokenProcessPool:
             raise NmtError(
