@@ -14,7 +14,8 @@ loading and ensemble checks, thread layout, batching, search and detokenization.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -38,6 +39,8 @@ class Translator:
         models: ModelPaths,
         config: DecodeConfig | None = None,
         alignment_layer: int | None = None,
+        on_compile: Callable[[], None] = lambda: None,
+        on_fallback: Callable[[str], None] | None = None,
         **options: Any,
     ) -> Translator:
         """Load `models` (one path, or several to average at every step as an ensemble).
@@ -48,6 +51,10 @@ class Translator:
         thread count the way `nmt translate` does (see engines.translate.set_threads).
         `alignment_layer` (1-based; 0: the penultimate) gives every hypothesis its word
         alignment, as `nmt translate --alignment`.
+        On a CPU the decoder step is compiled C++ unless `compiled_step=False`: the first
+        load on a machine builds it (about 30 s; `on_compile` is called before), and where
+        it cannot be built `on_fallback` gets the reason (default: a warning) and decoding
+        stays in Python, with the same results.
         Raises NmtError for an unusable checkpoint or models that cannot be ensembled.
         """
         cfg = config or DecodeConfig()
@@ -56,7 +63,10 @@ class Translator:
             raise TypeError(f"unknown decoding option(s): {', '.join(unknown)}")
         cfg = dataclasses.replace(cfg, **options)
         threads, workers = set_threads(cfg.threads, cfg.workers)
-        return cls(Engine.load(models, cfg, workers, alignment_layer), threads)
+        if on_fallback is None:
+            on_fallback = _warn_fallback
+        engine = Engine.load(models, cfg, workers, alignment_layer, on_compile, on_fallback)
+        return cls(engine, threads)
 
     def close(self) -> None:
         """Stop the decoding workers (processes on Linux) started for multi-batch inputs;
@@ -117,3 +127,11 @@ class Translator:
                 chunk = []
         if chunk:
             yield from self.engine.translate(chunk, attention)
+
+
+def _warn_fallback(reason: str) -> None:
+    warnings.warn(
+        f"nmt: decoding with the Python step, the compiled one is unavailable: {reason}",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -33,6 +33,8 @@ from nmt_cli.text_io import (
     raw_lines,
 )
 
+COMPILING = "compiling the decoder step for this machine (once; about 30 s)"
+FALLBACK = "decoding with the slower Python step: the compiled one could not be built"
 _D = DecodeConfig()  # the defaults: the paper's decoding settings (section 6.1)
 # the recipe's decode.* keys as this command's flags, for messages about their values
 _FLAGS = {
@@ -99,6 +101,9 @@ def translate(
         help="Batches at once on CPU; default 0: one a thread.",
         show_default=False,
     ),
+    python_step: bool = typer.Option(
+        not _D.compiled_step, "--python-step", help="CPU: decode in Python, not in C++."
+    ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines with scores and timing."),
     alignment: bool = typer.Option(
         False, "--alignment", help="Add Moses 'i-j' word alignments (see below)."
@@ -150,6 +155,7 @@ def translate(
             beam_size=beam, length_penalty=alpha, max_len_a=max_len_a, max_len_b=max_len_b,
             nbest=nbest, batch_sentences=batch_size, batch_tokens=batch_tokens,
             precision=_precision(precision), device=device, threads=threads, workers=workers,
+            compiled_step=not python_step,
         )  # fmt: skip
         decoder = StreamDecoder(display_name(input or "-"), LineDecoder(on_bad_utf8))
         if input is not None:
@@ -158,7 +164,11 @@ def translate(
         alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
         # 0: the default layer (the penultimate); None: no alignments
         translator = Translator.load(
-            model, cfg, alignment_layer=alignment_layer if alignment else None
+            model,
+            cfg,
+            alignment_layer=alignment_layer if alignment else None,
+            on_compile=lambda: info(COMPILING, verbosity),
+            on_fallback=lambda reason: warn(f"{FALLBACK}: {reason}"),
         )
         total = _line_count(input) if verbosity.progress else None
         with contextlib.ExitStack() as stack:

@@ -13,6 +13,7 @@ from every real position; source padding is masked explicitly with a key mask.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -360,6 +361,9 @@ class Transformer(nn.Module):
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # A decode-only replacement of the tied output projection (core/decode_linear.py).
         self.projection: nn.Module | None = None
+        # A decode-only replacement of decode_step after the first step, on CPUs: the
+        # same operations as one C++ call (core/compiled_step.py).
+        self.compiled_step: Callable[[Tensor, DecoderCache], Tensor] | None = None
         for name, p in self.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
@@ -468,6 +472,8 @@ class Transformer(nn.Module):
         row-first tensors (what search records): every decoder layer's self-attention
         (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S).
         """
+        if self.compiled_step is not None and cache.length > 0 and not need_weights:
+            return self.compiled_step(last_tokens, cache), None
         y = self.tgt_embed.step(last_tokens, cache.length)
         own: list[Tensor] = []
         cross: list[Tensor] = []

@@ -7,12 +7,13 @@ nothing for ensembling. Every member is built on the same device in the same pre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
+from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps
 from nmt_cli.core.decode_linear import specialise_linears
 from nmt_cli.core.ensemble import Ensemble, check_same_vocabularies
 from nmt_cli.core.precision import DecodePrecision, dtype_of
@@ -40,11 +41,17 @@ def build_decoder(
     names: Sequence[str],
     device: torch.device,
     precision: DecodePrecision,
+    compiled_step: bool = False,
+    on_compile: Callable[[], None] = lambda: None,
+    on_fallback: Callable[[str], None] = lambda reason: None,
 ) -> tuple[Transformer | Ensemble, VocabPair]:
     """The model search decodes with, and the vocabularies its ids belong to.
 
     On a CPU, bf16 models get their linear layers packed once for oneDNN and int8
     models get quantized ones (core/decode_linear.py): decode-only models either way.
+    With `compiled_step`, CPU models also get the C++ decoder step
+    (core/compiled_step.py); `on_compile` is called before a first, slow build of it and
+    `on_fallback` with the reason if it cannot be built (decoding then stays in Python).
     """
     check_same_vocabularies([c.vocab for c in checkpoints], names)
     dtype = dtype_of(precision)
@@ -52,5 +59,10 @@ def build_decoder(
     if device.type == "cpu" and precision in ("bf16", "int8"):
         for member in built:
             specialise_linears(member, "int8" if precision == "int8" else "packed-bf16")
+    if compiled_step and device.type == "cpu":
+        try:
+            attach_compiled_steps(built, on_compile)
+        except CompileError as exc:
+            on_fallback(str(exc))
     model: Transformer | Ensemble = built[0] if len(built) == 1 else Ensemble(built).eval()
     return model, checkpoints[0].vocab

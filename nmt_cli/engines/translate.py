@@ -9,7 +9,7 @@ never dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,14 +116,19 @@ class Translator:
         workers: int = 1,
         alignment_layer: int | None = None,
         names: Sequence[str] | None = None,
+        on_compile: Callable[[], None] = lambda: None,
+        on_fallback: Callable[[str], None] = lambda reason: None,
     ) -> Translator:
         """Build the model (several checkpoints: their ensemble) on the configured device
-        in the configured precision (log-softmax stays in float32 inside the model)."""
+        in the configured precision (log-softmax stays in float32 inside the model).
+        `on_compile` and `on_fallback` report on the compiled decoder step (build_decoder)."""
         ckpts = [ckpt] if isinstance(ckpt, Checkpoint) else list(ckpt)
         names = list(names) if names is not None else [f"model {i + 1}" for i in range(len(ckpts))]
         device = resolve_device(cfg.device)
         precision = resolve_decode_precision(cfg.precision, device, "--precision")
-        model, vocab = build_decoder(ckpts, names, device, precision)
+        model, vocab = build_decoder(
+            ckpts, names, device, precision, cfg.compiled_step, on_compile, on_fallback
+        )
         return cls(model, vocab, cfg, workers, alignment_layer, precision)
 
     @classmethod
@@ -133,10 +138,14 @@ class Translator:
         cfg: DecodeConfig,
         workers: int = 1,
         alignment_layer: int | None = None,
+        on_compile: Callable[[], None] = lambda: None,
+        on_fallback: Callable[[str], None] = lambda reason: None,
     ) -> Translator:
         """One checkpoint file, or several to decode as an ensemble."""
         ckpts, names = load_checkpoints(paths)
-        return cls.from_checkpoint(ckpts, cfg, workers, alignment_layer, names)
+        return cls.from_checkpoint(
+            ckpts, cfg, workers, alignment_layer, names, on_compile, on_fallback
+        )
 
     def _workers(self) -> DecodePool:
         """The pool that decodes `workers` batches at once, made on first use (forked

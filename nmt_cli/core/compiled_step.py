@@ -1,0 +1,181 @@
+"""The decoder step as one C++ call on CPUs, compiled on first use for this machine.
+
+At a few rows (one sentence, beam 4) a decoder step is a few hundred operator calls of a
+few microseconds each, and calling each one from Python costs about as much again: the
+interpreter, argument parsing and the dispatcher's Python binding. `csrc/decoder_step.cpp`
+makes the same ATen calls in the same order as the Python step
+(`Transformer.decode_step`), so its outputs are bit-identical, from one C++ call a step;
+search, the cache's bookkeeping and the first step (which projects the encoder output
+into the cross-attention cache) stay in Python.
+
+The source is built with PyTorch's extension builder (a C++ compiler and ninja) once per
+source and PyTorch version, into a per-user cache (`TORCH_EXTENSIONS_DIR` if set); where
+that fails, decoding keeps the Python step and the caller is told why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sysconfig
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from nmt_cli.core.cache import DecoderCache
+from nmt_cli.core.decode_linear import Int8Linear, PackedLinear
+from nmt_cli.core.transformer import DecoderLayer, Transformer
+
+SOURCE = Path(__file__).with_name("csrc") / "decoder_step.cpp"
+
+
+class CompileError(RuntimeError):
+    """The step could not be built or loaded here; the message says why."""
+
+
+def _module_name() -> str:
+    """One name per source text and PyTorch version, so a changed source or a new
+    PyTorch never loads a stale build."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()
+    return f"nmt_decoder_step_{digest[:16]}"
+
+
+def build_directory() -> Path:
+    base = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if base:
+        return Path(base) / _module_name()
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache_home / "nmt" / "extensions" / _module_name()
+
+
+def is_built() -> bool:
+    """Whether loading will be quick (the library is already compiled for this source)."""
+    return (build_directory() / f"{_module_name()}.so").is_file()
+
+
+@cache
+def load_kernel() -> ModuleType:
+    """The compiled module, built on the first call of the process if need be (once per
+    process: loading an extension is process-wide anyway)."""
+    if shutil.which("c++") is None:
+        raise CompileError("no C++ compiler (c++) on PATH")
+    _put_ninja_on_path()
+    from torch.utils.cpp_extension import load
+
+    directory = build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        return load(
+            name=_module_name(),
+            sources=[str(SOURCE)],
+            extra_cflags=["-O2"],
+            build_directory=str(directory),
+            verbose=False,
+        )
+    except Exception as exc:  # a compiler error, a missing header, a bad .so
+        first = str(exc).strip().splitlines()
+        raise CompileError(first[0] if first else type(exc).__name__) from exc
+
+
+def _put_ninja_on_path() -> None:
+    """PyTorch's builder runs `ninja` from PATH. The ninja wheel (a dependency) installs
+    it among this Python's scripts, which are not on PATH when `nmt` is run from a
+    virtual environment that is not activated: add that directory for the build."""
+    if shutil.which("ninja") is not None:
+        return
+    scripts = sysconfig.get_path("scripts")
+    if not (Path(scripts) / "ninja").is_file():
+        raise CompileError("ninja is not installed (pip install ninja)")
+    os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
+
+
+def _linear_spec(layer: nn.Module) -> tuple[Any, ...]:
+    """How the C++ step calls a linear layer: what core/decode_linear.py made of it."""
+    if isinstance(layer, PackedLinear):
+        return ("packed", layer.packed, layer.bias)
+    if isinstance(layer, Int8Linear):
+        weight, bias = torch.ops.quantized.linear_unpack(layer.packed)
+        return ("int8", weight, bias, layer.reduce_range)
+    if isinstance(layer, nn.Linear):
+        return ("plain", layer.weight, layer.bias)
+    raise TypeError(f"no compiled form of {type(layer).__name__}")
+
+
+def _norm_spec(norm: nn.LayerNorm) -> tuple[Tensor, Tensor]:
+    return (norm.weight, norm.bias)
+
+
+class CompiledStep:
+    """`Transformer.decode_step` after the first step, without attention weights, as one
+    call into the compiled module. Holds references to the model's weights (and their
+    packed forms), not copies."""
+
+    def __init__(self, model: Transformer, kernel: ModuleType) -> None:
+        embed = model.tgt_embed
+        positions = embed.learned.weight if embed.learned is not None else embed.get_buffer("table")
+        decoder = [cast(DecoderLayer, layer) for layer in model.decoder]
+        layers = [
+            (
+                *(_linear_spec(m) for m in (d.self_attn.qkv, d.self_attn.out)),
+                *(_linear_spec(m) for m in (d.cross_attn.q, d.cross_attn.out)),
+                *(_linear_spec(m) for m in (d.ffn.w1, d.ffn.w2)),
+                *(_norm_spec(n) for n in (d.norm1, d.norm2, d.norm3)),
+            )
+            for d in decoder
+        ]
+        first, projection = decoder[0], model.projection
+        self.kernel = kernel.DecoderStep(
+            {
+                "heads": first.self_attn.h,
+                "d_k": first.self_attn.d_k,
+                "d_v": first.self_attn.d_v,
+                "eps": first.norm1.eps,
+                "embed_scale": embed.scale,
+                "tokens": embed.tokens.weight,
+                "positions": positions,
+                "projection": (
+                    _linear_spec(projection)
+                    if projection is not None
+                    else ("plain", model.output_weight, None)
+                ),
+                "layers": layers,
+            }
+        )
+
+    def __call__(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """(B,) newest tokens -> log-probabilities (B, V); the cache advances one position."""
+        state: list[Tensor | None] = []
+        for layer in cache.layers:
+            state += (
+                layer.self_k,
+                layer.self_v,
+                layer.pending,
+                layer.cross_k,
+                layer.cross_v,
+                layer.cross_bias,
+            )
+        out = self.kernel.step(tokens, cache.length, state)
+        for i, layer in enumerate(cache.layers):
+            layer.self_k, layer.self_v, layer.pending = out[2 * i + 1], out[2 * i + 2], None
+        cache.length += 1
+        return out[0]
+
+
+def attach_compiled_steps(
+    models: list[Transformer],
+    on_compile: Callable[[], None] = lambda: None,
+) -> None:
+    """Give each CPU model a compiled step (`Transformer.compiled_step`); `on_compile` is
+    called before a build that will take a while. Raises CompileError where the step
+    cannot be built here (the models keep the Python step)."""
+    if not is_built():
+        on_compile()
+    kernel = load_kernel()
+    for model in models:
+        model.compiled_step = CompiledStep(model, kernel)

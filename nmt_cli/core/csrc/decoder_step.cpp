@@ -1,0 +1,220 @@
+// One incremental decoder step of nmt's Transformer, as one C++ call.
+//
+// The Python step (nmt_cli/core/transformer.py: Transformer.decode_step and the `step`
+// methods it calls) is the reference: this file makes the same ATen calls in the same
+// order, so its outputs are bit-identical, and only removes the Python between them. At
+// a few rows a step is a few hundred small operator calls, and calling each from Python
+// costs about as much as the operator itself (docs/ARCHITECTURE.md has the figures).
+// Any change to the Python step must be made here too; the tests compare the two.
+#include <torch/extension.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+using Scalars = c10::List<std::optional<at::Scalar>>;
+using PointwiseFn = Tensor(const Tensor&, const Tensor&, const OptTensor&, c10::string_view,
+                           Scalars, std::optional<c10::string_view>);
+using BinaryFn = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
+                        c10::string_view);
+
+// A linear layer as the Python side built it (core/decode_linear.py): a plain nn.Linear,
+// a oneDNN-packed bf16 weight, or PyTorch's dynamically quantized int8 packed weight.
+class Linear {
+ public:
+  enum class Kind { kPlain, kPacked, kInt8 };
+
+  explicit Linear(const py::tuple& spec) {
+    const auto kind = spec[0].cast<std::string>();
+    if (kind == "plain" || kind == "packed") {
+      kind_ = kind == "plain" ? Kind::kPlain : Kind::kPacked;
+      weight_ = spec[1].cast<Tensor>();
+      if (!spec[2].is_none()) bias_ = spec[2].cast<Tensor>();
+    } else if (kind == "int8") {
+      // The quantized weight, packed again here: the packed form is a TorchScript object,
+      // which the Python binding cannot hand over.
+      kind_ = Kind::kInt8;
+      const OptTensor bias = spec[2].is_none() ? OptTensor() : spec[2].cast<Tensor>();
+      torch::jit::Stack stack{spec[1].cast<Tensor>(), bias};
+      op("quantized::linear_prepack").callBoxed(&stack);
+      packed_ = stack.back();
+      reduce_range_ = spec[3].cast<bool>();
+    } else {
+      throw std::invalid_argument("unknown linear kind " + kind);
+    }
+  }
+
+  Tensor operator()(const Tensor& x) const {
+    switch (kind_) {
+      case Kind::kPlain: return at::linear(x, weight_, bias_);
+      case Kind::kPacked: return pointwise().call(x, weight_, bias_, "none", Scalars(), "");
+      case Kind::kInt8: return int8("quantized::linear_dynamic", x);
+    }
+    return Tensor();
+  }
+
+  // max(0, x W^T + b): fused into the product except for plain layers.
+  Tensor relu(const Tensor& x) const {
+    switch (kind_) {
+      case Kind::kPlain: return at::relu(at::linear(x, weight_, bias_));
+      case Kind::kPacked: return pointwise().call(x, weight_, bias_, "relu", Scalars(), "");
+      case Kind::kInt8: return int8("quantized::linear_relu_dynamic", x);
+    }
+    return Tensor();
+  }
+
+  // residual + x W^T + b: fused into the packed bf16 product.
+  Tensor add(const Tensor& x, const Tensor& residual) const {
+    if (kind_ == Kind::kPacked) return binary().call(x, residual, weight_, bias_, "add");
+    return at::add(residual, (*this)(x));
+  }
+
+ private:
+  static const c10::TypedOperatorHandle<PointwiseFn>& pointwise() {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                               .typed<PointwiseFn>();
+    return op;
+  }
+  static const c10::TypedOperatorHandle<BinaryFn>& binary() {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("mkldnn::_linear_pointwise", "binary")
+                               .typed<BinaryFn>();
+    return op;
+  }
+  static c10::OperatorHandle op(const char* name) {
+    return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  }
+  Tensor int8(const char* name, const Tensor& x) const {
+    // The packed weight is a TorchScript object: the op is called boxed.
+    torch::jit::Stack stack{x, packed_, reduce_range_};
+    op(name).callBoxed(&stack);
+    return stack.back().toTensor();
+  }
+
+  Kind kind_ = Kind::kPlain;
+  Tensor weight_;
+  OptTensor bias_;
+  c10::IValue packed_;
+  bool reduce_range_ = false;
+};
+
+struct Norm {
+  Tensor weight, bias;
+};
+
+struct Layer {
+  Linear qkv, self_out, cross_q, cross_out, ff1, ff2;
+  Norm norm1, norm2, norm3;
+};
+
+Norm norm_of(const py::tuple& t) { return {t[0].cast<Tensor>(), t[1].cast<Tensor>()}; }
+
+// cat([prefix[rows], new], dim=2) written into one new tensor (core/cache.py, _gather_append).
+Tensor gather_append(const Tensor& prefix, const OptTensor& rows, const Tensor& added) {
+  const int64_t length = prefix.size(2);
+  Tensor out = at::empty({added.size(0), prefix.size(1), length + 1, prefix.size(3)},
+                         prefix.options());
+  Tensor head = out.narrow(2, 0, length);
+  if (rows.has_value()) {
+    at::index_select_out(head, prefix, 0, *rows);
+  } else {
+    head.copy_(prefix);
+  }
+  out.narrow(2, length, 1).copy_(added);
+  return out;
+}
+
+class DecoderStep {
+ public:
+  DecoderStep(const py::dict& spec)
+      : heads_(spec["heads"].cast<int64_t>()),
+        d_k_(spec["d_k"].cast<int64_t>()),
+        d_v_(spec["d_v"].cast<int64_t>()),
+        eps_(spec["eps"].cast<double>()),
+        embed_scale_(spec["embed_scale"].cast<double>()),
+        tokens_(spec["tokens"].cast<Tensor>()),
+        positions_(spec["positions"].cast<Tensor>()),
+        projection_(spec["projection"].cast<py::tuple>()) {
+    for (const auto& item : spec["layers"].cast<py::list>()) {
+      const auto t = item.cast<py::tuple>();
+      layers_.push_back(Layer{Linear(t[0].cast<py::tuple>()), Linear(t[1].cast<py::tuple>()),
+                              Linear(t[2].cast<py::tuple>()), Linear(t[3].cast<py::tuple>()),
+                              Linear(t[4].cast<py::tuple>()), Linear(t[5].cast<py::tuple>()),
+                              norm_of(t[6].cast<py::tuple>()), norm_of(t[7].cast<py::tuple>()),
+                              norm_of(t[8].cast<py::tuple>())});
+    }
+  }
+
+  // ids (B,) at `position` -> [log-probabilities (B, V) in float32, then per layer the
+  // new self-attention keys and values (B, h, position + 1, d)]. `cache` holds per layer
+  // self_k, self_v, pending rows, cross_k, cross_v, cross_bias; the cross-attention
+  // tensors must already be there (the Python step computes them on the first step).
+  std::vector<Tensor> step(const Tensor& ids, int64_t position,
+                           const std::vector<OptTensor>& cache) const {
+    c10::InferenceMode guard;
+    const int64_t rows = ids.size(0), bh = rows * heads_;
+    const int64_t qk = heads_ * d_k_, vdim = heads_ * d_v_;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
+    Tensor y = at::add(at::embedding(tokens_, ids).mul(embed_scale_),
+                       positions_.narrow(0, position, 1));
+    std::vector<Tensor> result{Tensor()};
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& layer = layers_[l];
+      const OptTensor* c = &cache[l * 6];
+      const Tensor& self_k = *c[0];
+      const Tensor& self_v = *c[1];
+      const Tensor& cross_k = *c[3];
+      const Tensor& cross_v = *c[4];
+      const at::ScalarType dtype = cross_k.scalar_type();
+      // Self-attention over the cached prefix plus this position.
+      const auto qkv = layer.qkv(y).split_with_sizes({qk, qk, vdim}, -1);
+      Tensor k = gather_append(self_k, c[2], qkv[1].view({rows, heads_, 1, d_k_}));
+      Tensor v = gather_append(self_v, c[2], qkv[2].view({rows, heads_, 1, d_v_}));
+      int64_t keys = k.size(2);
+      Tensor q = qkv[0].to(dtype).reshape({bh, 1, d_k_});
+      Tensor scores = at::bmm(q, k.view({bh, keys, d_k_}).transpose(1, 2)).mul_(scale);
+      Tensor ctx = at::bmm(scores.softmax(-1), v.view({bh, keys, d_v_})).view({rows, vdim});
+      y = layer.self_out.add(ctx.to(y.scalar_type()), y);
+      y = at::layer_norm(y, {y.size(1)}, layer.norm1.weight, layer.norm1.bias, eps_);
+      result.push_back(k);
+      result.push_back(v);
+      // Cross-attention over the cached encoder keys and values.
+      keys = cross_k.size(2);
+      q = layer.cross_q(y).to(dtype).reshape({bh, 1, d_k_});
+      Tensor k_t = cross_k.view({bh, keys, d_k_}).transpose(1, 2);
+      if (c[5].has_value()) {
+        scores = at::baddbmm(c[5]->view({bh, 1, keys}), q, k_t, 1.0, scale);
+      } else {
+        scores = at::bmm(q, k_t).mul_(scale);
+      }
+      ctx = at::bmm(scores.softmax(-1), cross_v.view({bh, keys, d_v_})).view({rows, vdim});
+      y = layer.cross_out.add(ctx.to(y.scalar_type()), y);
+      y = at::layer_norm(y, {y.size(1)}, layer.norm2.weight, layer.norm2.bias, eps_);
+      y = layer.ff2.add(layer.ff1.relu(y), y);
+      y = at::layer_norm(y, {y.size(1)}, layer.norm3.weight, layer.norm3.bias, eps_);
+    }
+    result[0] = at::log_softmax(projection_(y), -1, at::kFloat);
+    return result;
+  }
+
+ private:
+  int64_t heads_, d_k_, d_v_;
+  double eps_, embed_scale_;
+  Tensor tokens_, positions_;
+  Linear projection_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<DecoderStep>(m, "DecoderStep")
+      .def(py::init<const py::dict&>())
+      .def("step", &DecoderStep::step);
+}
