@@ -32,7 +32,10 @@ from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.decode_linear import Int8Linear, PackedLinear
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
-SOURCE = Path(__file__).with_name("csrc") / "decoder_step.cpp"
+SOURCES = [
+    Path(__file__).with_name("csrc") / name for name in ("decoder_step.cpp", "bf16_linear.cpp")
+]
+HEADERS = [Path(__file__).with_name("csrc") / "bf16_linear.h"]
 
 
 class CompileError(RuntimeError):
@@ -42,8 +45,10 @@ class CompileError(RuntimeError):
 def _module_name() -> str:
     """One name per source text and PyTorch version, so a changed source or a new
     PyTorch never loads a stale build."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()
-    return f"nmt_decoder_step_{digest[:16]}"
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in SOURCES + HEADERS:
+        digest.update(path.read_bytes())
+    return f"nmt_decoder_step_{digest.hexdigest()[:16]}"
 
 
 def build_directory() -> Path:
@@ -73,8 +78,8 @@ def load_kernel() -> ModuleType:
     try:
         return load(
             name=_module_name(),
-            sources=[str(SOURCE)],
-            extra_cflags=["-O2"],
+            sources=[str(path) for path in SOURCES],
+            extra_cflags=["-O3"],
             build_directory=str(directory),
             verbose=False,
         )
@@ -98,7 +103,7 @@ def _put_ninja_on_path() -> None:
 def _linear_spec(layer: nn.Module) -> tuple[Any, ...]:
     """How the C++ step calls a linear layer: what core/decode_linear.py made of it."""
     if isinstance(layer, PackedLinear):
-        return ("packed", layer.packed, layer.bias)
+        return ("packed", layer.packed, layer.bias, layer.rows, layer.out_features)
     if isinstance(layer, Int8Linear):
         weight, bias = torch.ops.quantized.linear_unpack(layer.packed)
         return ("int8", weight, bias, layer.reduce_range)
@@ -167,15 +172,17 @@ class CompiledStep:
         return out[0]
 
 
-def attach_compiled_steps(
-    models: list[Transformer],
-    on_compile: Callable[[], None] = lambda: None,
-) -> None:
-    """Give each CPU model a compiled step (`Transformer.compiled_step`); `on_compile` is
-    called before a build that will take a while. Raises CompileError where the step
-    cannot be built here (the models keep the Python step)."""
+def prepare_kernel(on_compile: Callable[[], None] = lambda: None) -> ModuleType:
+    """The compiled module; `on_compile` is called first when it has to be built (tens of
+    seconds). Raises CompileError where it cannot be built here."""
     if not is_built():
         on_compile()
-    kernel = load_kernel()
+    return load_kernel()
+
+
+def attach_compiled_steps(models: list[Transformer], kernel: ModuleType) -> None:
+    """Give each CPU model the compiled step (`Transformer.compiled_step`). Its linear
+    layers should be specialised with the same `kernel` first (specialise_linears), so
+    the Python step, used for the first step and for attention, computes the same."""
     for model in models:
         model.compiled_step = CompiledStep(model, kernel)

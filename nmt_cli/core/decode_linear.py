@@ -7,7 +7,11 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
 - bf16: `F.linear` hands oneDNN a plain row-major weight, which it reorders into its
   blocked layout on every call. `PackedLinear` reorders once (the same prepacking
   PyTorch's compiler applies when it freezes weights) and calls the packed kernel, with
-  bit-identical results: 1.5-2.5x faster at beam-search shapes (BENCHMARKS.md).
+  bit-identical results: 1.5-2.5x faster at beam-search shapes (BENCHMARKS.md). Given
+  the compiled module (core/compiled_step.py) on a CPU with AVX-512 BF16, it also keeps
+  the weight in that module's layout, and products of up to 32 rows (a decoder step of
+  a few sentences) run there: oneDNN's fixed cost of ~15 us a call is most of such a
+  product, the module's kernel has none (3-5x faster at 4 rows).
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do), through PyTorch's own quantized kernels (fbgemm or
@@ -21,6 +25,7 @@ packed weights are not parameters, so it is never trained or saved.
 from __future__ import annotations
 
 import warnings
+from types import ModuleType
 from typing import Literal, cast
 
 import torch
@@ -33,25 +38,51 @@ LinearKind = Literal["packed-bf16", "int8"]
 
 
 class PackedLinear(nn.Module):
-    """y = x W^T + b with W reordered once into oneDNN's layout (bf16, CPU)."""
+    """y = x W^T + b with W reordered once into oneDNN's layout (bf16, CPU), and into
+    the compiled module's for products of few rows when `kernel` is given and the CPU
+    has AVX-512 BF16."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None, kernel: ModuleType | None = None
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.detach().to(torch.bfloat16)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        self.kernel: ModuleType | None = None
+        self.rows: Tensor | None = None  # the weight in the compiled kernel's layout
+        if kernel is not None and kernel.bf16_kernel_available() and self.in_features % 2 == 0:
+            self.kernel, self.rows = kernel, kernel.pack_bf16(weight)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernel is not None:
+            n = self.out_features
+            return cast(
+                Tensor,
+                self.kernel.packed_linear(x, self.packed, self.rows, n, self.bias, None, False),
+            )
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def relu(self, x: Tensor) -> Tensor:
         """max(0, x W^T + b), the ReLU applied by the product's own kernel."""
+        if self.kernel is not None:
+            n = self.out_features
+            return cast(
+                Tensor,
+                self.kernel.packed_linear(x, self.packed, self.rows, n, self.bias, None, True),
+            )
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "relu", [], "")
 
     def add(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + x W^T + b, the sum taken by the product's own kernel (before its
         result is rounded to bf16, so one rounding instead of two)."""
+        if self.kernel is not None:
+            n = self.out_features
+            return cast(
+                Tensor,
+                self.kernel.packed_linear(x, self.packed, self.rows, n, self.bias, residual, False),
+            )
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
 
 
@@ -112,12 +143,15 @@ def int8_available() -> bool:
     return bool(engines & {"x86", "fbgemm", "onednn", "qnnpack"})
 
 
-def specialise_linears(model: nn.Module, kind: LinearKind) -> None:
+def specialise_linears(
+    model: nn.Module, kind: LinearKind, kernel: ModuleType | None = None
+) -> None:
     """Replace, in place, every `nn.Linear` under `model` and the output projection of
     each Transformer in it (the tied embedding matrix) by a decode-only layer of `kind`.
 
     The model must already be on the CPU, in bf16 for "packed-bf16" and float32 for
-    "int8" (the embeddings, norms and attention stay in that dtype).
+    "int8" (the embeddings, norms and attention stay in that dtype). `kernel`, the
+    compiled module (core/compiled_step.py), gives packed bf16 layers its few-row kernel.
     """
     if kind == "int8" and not int8_available():
         raise NmtError("--precision int8: this PyTorch build has no quantized CPU kernels")
@@ -125,10 +159,14 @@ def specialise_linears(model: nn.Module, kind: LinearKind) -> None:
         return  # nothing to pack into; plain bf16 linear layers still work
     from nmt_cli.core.transformer import Transformer  # the Transformer's steps import this module
 
-    layer = PackedLinear if kind == "packed-bf16" else Int8Linear
+    def decode_only(weight: Tensor, bias: Tensor | None) -> nn.Module:
+        if kind == "packed-bf16":
+            return PackedLinear(weight, bias, kernel)
+        return Int8Linear(weight, bias)
+
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, layer(child.weight, child.bias))
+                setattr(module, name, decode_only(child.weight, child.bias))
         if isinstance(module, Transformer):
-            module.projection = layer(module.output_weight, None)
+            module.projection = decode_only(module.output_weight, None)

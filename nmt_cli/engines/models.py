@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
-from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps
-from nmt_cli.core.decode_linear import specialise_linears
+from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps, prepare_kernel
+from nmt_cli.core.decode_linear import LinearKind, specialise_linears
 from nmt_cli.core.ensemble import Ensemble, check_same_vocabularies
 from nmt_cli.core.precision import DecodePrecision, dtype_of
 from nmt_cli.core.transformer import Transformer
@@ -56,13 +56,17 @@ def build_decoder(
     check_same_vocabularies([c.vocab for c in checkpoints], names)
     dtype = dtype_of(precision)
     built = [c.build_model().to(device=device, dtype=dtype).eval() for c in checkpoints]
-    if device.type == "cpu" and precision in ("bf16", "int8"):
-        for member in built:
-            specialise_linears(member, "int8" if precision == "int8" else "packed-bf16")
+    kernel = None
     if compiled_step and device.type == "cpu":
         try:
-            attach_compiled_steps(built, on_compile)
+            kernel = prepare_kernel(on_compile)
         except CompileError as exc:
             on_fallback(str(exc))
+    if device.type == "cpu" and precision in ("bf16", "int8"):
+        kind: LinearKind = "int8" if precision == "int8" else "packed-bf16"
+        for member in built:
+            specialise_linears(member, kind, kernel)
+    if kernel is not None:
+        attach_compiled_steps(built, kernel)
     model: Transformer | Ensemble = built[0] if len(built) == 1 else Ensemble(built).eval()
     return model, checkpoints[0].vocab

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from types import ModuleType
+from typing import cast
 
 import pytest
 import torch
@@ -13,11 +14,14 @@ from reverser import reverse_batch
 from torch import Tensor
 
 from nmt_cli.core import compiled_step
+from nmt_cli.core.checkpoint import Checkpoint, model_state
 from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps, load_kernel
-from nmt_cli.core.decode_linear import specialise_linears
+from nmt_cli.core.decode_linear import PackedLinear, specialise_linears
 from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.core.vocab import VocabPair
+from nmt_cli.engines.models import build_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -28,7 +32,11 @@ def kernel() -> ModuleType:
     return load_kernel()
 
 
-def _model(precision: str, seed: int = 0, **overrides: object) -> Transformer:
+def _model(
+    precision: str, kernel: ModuleType | None = None, seed: int = 0, **overrides: object
+) -> Transformer:
+    """A random model as build_decoder makes it for `precision`; the bf16 linear layers
+    use `kernel`'s few-row products when given, as they do beside the compiled step."""
     torch.manual_seed(seed)
     settings: dict[str, object] = dict(
         encoder_layers=1,
@@ -45,10 +53,15 @@ def _model(precision: str, seed: int = 0, **overrides: object) -> Transformer:
     model = Transformer(ModelConfig(**settings)).eval()  # type: ignore[arg-type]
     if precision == "bf16":
         model = model.to(torch.bfloat16)
-        specialise_linears(model, "packed-bf16")
+        specialise_linears(model, "packed-bf16", kernel)
     elif precision == "int8":
         specialise_linears(model, "int8")
     return model
+
+
+def _checkpoint(model: Transformer) -> Checkpoint:
+    """The model's weights as a checkpoint; build_decoder reads no vocabulary of one."""
+    return Checkpoint(model.cfg, cast(VocabPair, None), model_state(model))
 
 
 def _sources() -> Tensor:
@@ -69,9 +82,45 @@ def _same_hypotheses(a: list, b: list) -> None:
     ]
 
 
+@pytest.mark.parametrize("rows", [1, 4, 5, 32])
+@pytest.mark.parametrize(("k", "n"), [(32, 48), (64, 50), (256, 8)])
+def test_the_few_row_bf16_kernel_computes_the_fused_products(
+    kernel: ModuleType, rows: int, k: int, n: int
+) -> None:
+    """Against float64 arithmetic on the same bf16 inputs: within one bf16 rounding of
+    the exact result (fp32 sums of a few dozen products are far more precise)."""
+    if not kernel.bf16_kernel_available():
+        pytest.skip("this CPU has no AVX-512 BF16")
+    g = torch.Generator().manual_seed(rows * 1000 + n)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    r = torch.randn(rows, n, generator=g).bfloat16()
+    packed = PackedLinear(w, b, kernel)
+    exact = x.double() @ w.double().T + b.double()
+    for got, want in (
+        (packed(x), exact),
+        (packed.relu(x), exact.clamp(min=0)),
+        (packed.add(x, r), exact + r.double()),
+    ):
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+        # bf16 keeps 8 significant bits: one rounding is at most 2^-8 relative
+        assert torch.allclose(got.double(), want, rtol=2**-8, atol=1e-6)
+    three_d = packed(x.view(1, rows, k))
+    assert three_d.shape == (1, rows, n) and torch.equal(three_d[0], packed(x))
+
+
+def test_more_rows_than_the_kernel_takes_go_to_onednn(kernel: ModuleType) -> None:
+    torch.manual_seed(0)
+    w, b = torch.randn(40, 32).bfloat16(), torch.randn(40).bfloat16()
+    x = torch.randn(33, 32).bfloat16()
+    with_kernel, onednn = PackedLinear(w, b, kernel), PackedLinear(w, b)
+    assert torch.equal(with_kernel(x), onednn(x))
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_each_step_and_its_cache_equal_the_python_step(kernel: ModuleType, precision: str) -> None:
-    model = _model(precision)
+    model = _model(precision, kernel)
     src = _sources()
     python, compiled = model.new_cache(), model.new_cache()
     mask = model.source_mask(src)
@@ -99,10 +148,10 @@ def test_each_step_and_its_cache_equal_the_python_step(kernel: ModuleType, preci
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int) -> None:
-    model = _model(precision)
+    model = _model(precision, kernel)
     src = _sources()
     expected = beam_search(model, src, beam, max_len_b=12, nbest=beam)
-    attach_compiled_steps([model])
+    attach_compiled_steps([model], kernel)
     assert model.compiled_step is not None
     _same_hypotheses(beam_search(model, src, beam, max_len_b=12, nbest=beam), expected)
 
@@ -115,7 +164,7 @@ def test_sentences_that_finish_leave_the_batch_the_same_way(
     model = copy.deepcopy(reverser).eval()
     src = reverse_batch(12, torch.Generator().manual_seed(1))[0]
     expected = beam_search(model, src, 4)
-    attach_compiled_steps([model])
+    attach_compiled_steps([model], kernel)
     _same_hypotheses(beam_search(model, src, 4), expected)
 
 
@@ -123,23 +172,23 @@ def test_separate_key_and_value_sizes_and_learned_positions(kernel: ModuleType) 
     model = _model("fp32", d_k=6, d_v=10, positions="learned")
     src = _sources()
     expected = beam_search(model, src, 3, max_len_b=10)
-    attach_compiled_steps([model])
+    attach_compiled_steps([model], kernel)
     _same_hypotheses(beam_search(model, src, 3, max_len_b=10), expected)
 
 
 def test_an_ensemble_of_compiled_members_decodes_as_before(kernel: ModuleType) -> None:
-    members = [_model("bf16", seed=1), _model("bf16", seed=2)]
+    members = [_model("bf16", kernel, seed=1), _model("bf16", kernel, seed=2)]
     src = _sources()
     expected = beam_search(Ensemble(members).eval(), src, 4, max_len_b=10)
-    attach_compiled_steps(members)
+    attach_compiled_steps(members, kernel)
     _same_hypotheses(beam_search(Ensemble(members).eval(), src, 4, max_len_b=10), expected)
 
 
 def test_attention_weights_are_recorded_by_the_python_step(kernel: ModuleType) -> None:
-    model = _model("bf16")
+    model = _model("bf16", kernel)
     src = _sources()
     expected = beam_search(model, src, 2, max_len_b=8, need_weights=True)
-    attach_compiled_steps([model])
+    attach_compiled_steps([model], kernel)
     got = beam_search(model, src, 2, max_len_b=8, need_weights=True)
     _same_hypotheses(got, expected)
     for a, b in zip(got, expected, strict=True):
@@ -151,18 +200,41 @@ def test_attention_weights_are_recorded_by_the_python_step(kernel: ModuleType) -
         )
 
 
-def test_a_build_that_fails_keeps_the_python_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_build_that_fails_is_reported_and_decoding_stays_in_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def broken() -> ModuleType:
-        raise CompileError("no c++ on PATH")
+        raise CompileError("no C++ compiler (c++) on PATH")
 
     monkeypatch.setattr(compiled_step, "load_kernel", broken)
     monkeypatch.setattr(compiled_step, "is_built", lambda: False)
-    model = _model("fp32")
     told: list[str] = []
-    with pytest.raises(CompileError, match="no c\\+\\+"):
-        attach_compiled_steps([model], on_compile=lambda: told.append("compiling"))
-    assert told == ["compiling"]
-    assert model.compiled_step is None
+    ckpt = _checkpoint(_model("fp32"))
+    model, _ = build_decoder(
+        [ckpt],
+        ["a"],
+        torch.device("cpu"),
+        "bf16",
+        compiled_step=True,
+        on_compile=lambda: told.append("compiling"),
+        on_fallback=told.append,
+    )
+    assert told == ["compiling", "no C++ compiler (c++) on PATH"]
+    assert isinstance(model, Transformer) and model.compiled_step is None
+    packed = model.decoder[0].ffn.w1
+    assert isinstance(packed, PackedLinear) and packed.kernel is None
+
+
+def test_build_decoder_gives_cpu_models_the_compiled_step(kernel: ModuleType) -> None:
+    ckpt = _checkpoint(_model("fp32"))
+    told: list[str] = []
+    model, _ = build_decoder(
+        [ckpt], ["a"], torch.device("cpu"), "bf16", True, lambda: told.append("compiling")
+    )
+    assert told == []  # already built by the fixture
+    assert isinstance(model, Transformer) and model.compiled_step is not None
+    plain, _ = build_decoder([ckpt], ["a"], torch.device("cpu"), "bf16", compiled_step=False)
+    assert isinstance(plain, Transformer) and plain.compiled_step is None
 
 
 def test_the_build_is_cached_per_source_and_torch_version(

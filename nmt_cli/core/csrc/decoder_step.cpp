@@ -8,6 +8,8 @@
 // Any change to the Python step must be made here too; the tests compare the two.
 #include <torch/extension.h>
 
+#include "bf16_linear.h"
+
 #include <cmath>
 #include <optional>
 #include <string>
@@ -17,12 +19,6 @@ namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
-using Scalars = c10::List<std::optional<at::Scalar>>;
-using PointwiseFn = Tensor(const Tensor&, const Tensor&, const OptTensor&, c10::string_view,
-                           Scalars, std::optional<c10::string_view>);
-using BinaryFn = Tensor(const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
-                        c10::string_view);
-
 // A linear layer as the Python side built it (core/decode_linear.py): a plain nn.Linear,
 // a oneDNN-packed bf16 weight, or PyTorch's dynamically quantized int8 packed weight.
 class Linear {
@@ -31,10 +27,16 @@ class Linear {
 
   explicit Linear(const py::tuple& spec) {
     const auto kind = spec[0].cast<std::string>();
-    if (kind == "plain" || kind == "packed") {
-      kind_ = kind == "plain" ? Kind::kPlain : Kind::kPacked;
+    if (kind == "plain") {
+      kind_ = Kind::kPlain;
       weight_ = spec[1].cast<Tensor>();
       if (!spec[2].is_none()) bias_ = spec[2].cast<Tensor>();
+    } else if (kind == "packed") {  // bf16: oneDNN's packed weight, and maybe the kernel's
+      kind_ = Kind::kPacked;
+      weight_ = spec[1].cast<Tensor>();
+      if (!spec[2].is_none()) bias_ = spec[2].cast<Tensor>();
+      if (!spec[3].is_none()) rows_packed_ = spec[3].cast<Tensor>();
+      n_ = spec[4].cast<int64_t>();
     } else if (kind == "int8") {
       // The quantized weight, packed again here: the packed form is a TorchScript object,
       // which the Python binding cannot hand over.
@@ -52,7 +54,8 @@ class Linear {
   Tensor operator()(const Tensor& x) const {
     switch (kind_) {
       case Kind::kPlain: return at::linear(x, weight_, bias_);
-      case Kind::kPacked: return pointwise().call(x, weight_, bias_, "none", Scalars(), "");
+      case Kind::kPacked:
+        return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, std::nullopt, false);
       case Kind::kInt8: return int8("quantized::linear_dynamic", x);
     }
     return Tensor();
@@ -62,7 +65,8 @@ class Linear {
   Tensor relu(const Tensor& x) const {
     switch (kind_) {
       case Kind::kPlain: return at::relu(at::linear(x, weight_, bias_));
-      case Kind::kPacked: return pointwise().call(x, weight_, bias_, "relu", Scalars(), "");
+      case Kind::kPacked:
+        return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, std::nullopt, true);
       case Kind::kInt8: return int8("quantized::linear_relu_dynamic", x);
     }
     return Tensor();
@@ -70,23 +74,13 @@ class Linear {
 
   // residual + x W^T + b: fused into the packed bf16 product.
   Tensor add(const Tensor& x, const Tensor& residual) const {
-    if (kind_ == Kind::kPacked) return binary().call(x, residual, weight_, bias_, "add");
+    if (kind_ == Kind::kPacked) {
+      return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, residual, false);
+    }
     return at::add(residual, (*this)(x));
   }
 
  private:
-  static const c10::TypedOperatorHandle<PointwiseFn>& pointwise() {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-                               .typed<PointwiseFn>();
-    return op;
-  }
-  static const c10::TypedOperatorHandle<BinaryFn>& binary() {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("mkldnn::_linear_pointwise", "binary")
-                               .typed<BinaryFn>();
-    return op;
-  }
   static c10::OperatorHandle op(const char* name) {
     return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
   }
@@ -99,7 +93,8 @@ class Linear {
 
   Kind kind_ = Kind::kPlain;
   Tensor weight_;
-  OptTensor bias_;
+  OptTensor bias_, rows_packed_;
+  int64_t n_ = 0;
   c10::IValue packed_;
   bool reduce_range_ = false;
 };
@@ -217,4 +212,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecoderStep>(m, "DecoderStep")
       .def(py::init<const py::dict&>())
       .def("step", &DecoderStep::step);
+  m.def("bf16_kernel_available", &nmt::bf16_kernel_available);
+  m.def("pack_bf16", &nmt::pack_bf16);
+  m.def("packed_linear", &nmt::packed_linear);
 }
