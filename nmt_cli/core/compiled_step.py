@@ -30,12 +30,12 @@ from torch import Tensor, nn
 
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.decode_linear import Int8Linear, PackedLinear
+from nmt_cli.core.search import CandidateSelect, torch_select
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
-SOURCES = [
-    Path(__file__).with_name("csrc") / name for name in ("decoder_step.cpp", "bf16_linear.cpp")
-]
-HEADERS = [Path(__file__).with_name("csrc") / "bf16_linear.h"]
+_CSRC = Path(__file__).with_name("csrc")
+SOURCES = [_CSRC / name for name in ("decoder_step.cpp", "bf16_linear.cpp", "beam_topk.cpp")]
+HEADERS = [_CSRC / name for name in ("bf16_linear.h", "beam_topk.h")]
 
 
 class CompileError(RuntimeError):
@@ -135,6 +135,8 @@ class CompiledStep:
             for d in decoder
         ]
         first, projection = decoder[0], model.projection
+        # Beam search's candidate selection from the same module (core/csrc/beam_topk.cpp).
+        self.select: CandidateSelect = kernel.beam_topk
         self.kernel = kernel.DecoderStep(
             {
                 "heads": first.self_attn.h,
@@ -186,3 +188,15 @@ def attach_compiled_steps(models: list[Transformer], kernel: ModuleType) -> None
     the Python step, used for the first step and for attention, computes the same."""
     for model in models:
         model.compiled_step = CompiledStep(model, kernel)
+
+
+def candidate_select(model: nn.Module) -> CandidateSelect:
+    """The selection beam search should use with `model` (a Transformer or an ensemble of
+    them): the compiled one when the model decodes with the compiled step, so that
+    recording attention (the Python step) ranks candidates the same way."""
+    for module in model.modules():
+        if isinstance(module, Transformer) and module.compiled_step is not None:
+            step = module.compiled_step
+            if isinstance(step, CompiledStep):
+                return step.select
+    return torch_select

@@ -34,6 +34,7 @@ it (every normal translation) nothing is recorded and the loop is the one above.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -84,6 +85,21 @@ class Searchable(Protocol):
         """-> (log-probabilities (rows, V), with need_weights a list of row-first tensors
         to record, else anything). Search passes need_weights only when recording."""
         ...
+
+
+# (log-probabilities (N*K, V), running scores (N*K,), K) -> per sentence the K best of
+# their sums over its K rows flattened, best first: (values (N, K), flat indices (N, K)).
+CandidateSelect = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
+
+
+def torch_select(lprobs: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The candidate selection of any device: the sums in place, then one `topk` over each
+    sentence's K*V of them (no full-vocabulary sort). On CPUs the compiled module's
+    `beam_topk` does the same in one pass (core/csrc/beam_topk.cpp)."""
+    n = lprobs.size(0) // k
+    scores = lprobs.add_(cum.view(-1, 1)).view(n, -1)
+    values, indices = scores.topk(k, dim=1)
+    return values, indices
 
 
 def length_penalty_value(length: int | float, alpha: float) -> float:
@@ -194,19 +210,21 @@ def beam_search(
     max_len_b: int = 50,
     nbest: int = 1,
     need_weights: bool = False,
+    select: CandidateSelect = torch_select,
 ) -> list[list[Hypothesis]]:
     """Decode a batch: src (B, S) right-padded with 0, each row ids + [EOS].
 
     Returns, per sentence, its `nbest` best finished hypotheses, best first (fewer only if
     the beam closed before finding that many). With `need_weights`, each hypothesis also
     carries the attention weights of the steps that produced it (`Hypothesis.attention`);
-    beam 1 then gives greedy search's output with its weights.
+    beam 1 then gives greedy search's output with its weights. `select` picks each step's
+    candidates (see CandidateSelect).
     """
     if beam_size < 1:
         raise ValueError(f"beam size must be at least 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and the beam size {beam_size}, got {nbest}")
-    search = _BeamSearch(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest)
+    search = _BeamSearch(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest, select)
     if need_weights:
         search.trace = _Trace()
     return search.run()
@@ -258,8 +276,10 @@ class _BeamSearch:
         max_len_a: float,
         max_len_b: int,
         nbest: int,
+        select: CandidateSelect,
     ) -> None:
         self.model, self.src, self.k, self.alpha, self.nbest = model, src, beam, alpha, nbest
+        self.select = select
         self.limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
         # Largest penalty a hypothesis of each sentence can reach (EOS at the length limit).
         self.lp_at_limit = ((5.0 + self.limit.double() + 1.0) / 6.0) ** alpha
@@ -334,15 +354,13 @@ class _BeamSearch:
                     open_set = _OpenSentences(self, sent_ids, k)
                     if self.trace is not None:
                         self.trace.keep(rows)
-            n_act = sent_ids.numel()
             lprobs = self._step(tokens, memory, src_mask, cache)
             _mask_specials(lprobs)
             if step >= open_set.first_limit:
                 at_limit = self.limit[sent_ids] <= step
                 _force_eos(lprobs, at_limit.repeat_interleave(k).nonzero().squeeze(1))
             vocab = lprobs.size(1)
-            scores = lprobs.add_(cum.view(-1, 1)).view(n_act, k * vocab)
-            top_lp, flat = scores.topk(k, dim=1)  # (N, K), best first
+            top_lp, flat = self.select(lprobs, cum.view(-1), k)  # (N, K), best first
             beam_idx = torch.div(flat, vocab, rounding_mode="floor")
             top_tok = flat.remainder(vocab)
             origin = beam_idx.add_(open_set.first_rows).view(-1)

@@ -8,6 +8,7 @@
 // Any change to the Python step must be made here too; the tests compare the two.
 #include <torch/extension.h>
 
+#include "beam_topk.h"
 #include "bf16_linear.h"
 
 #include <cmath>
@@ -215,4 +216,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_kernel_available", &nmt::bf16_kernel_available);
   m.def("pack_bf16", &nmt::pack_bf16);
   m.def("packed_linear", &nmt::packed_linear);
+  m.def("beam_topk", &nmt::beam_topk);
 }
