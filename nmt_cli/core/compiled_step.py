@@ -34,8 +34,9 @@ from nmt_cli.core.search import CandidateSelect, torch_select
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
 _CSRC = Path(__file__).with_name("csrc")
-SOURCES = [_CSRC / name for name in ("decoder_step.cpp", "bf16_linear.cpp", "beam_topk.cpp")]
-HEADERS = [_CSRC / name for name in ("bf16_linear.h", "beam_topk.h")]
+_NAMES = ("decoder_step", "bf16_linear", "int8_linear", "beam_topk")
+SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
+HEADERS = [_CSRC / f"{name}.h" for name in _NAMES[1:]]
 
 
 class CompileError(RuntimeError):
@@ -105,6 +106,9 @@ def _linear_spec(layer: nn.Module) -> tuple[Any, ...]:
     if isinstance(layer, PackedLinear):
         return ("packed", layer.packed, layer.bias, layer.rows, layer.out_features)
     if isinstance(layer, Int8Linear):
+        if layer.kernel is not None:
+            rows = (layer.rows, layer.scale, layer.column_sum, layer.bias, layer.out_features)
+            return ("int8-rows", *rows)
         weight, bias = torch.ops.quantized.linear_unpack(layer.packed)
         return ("int8", weight, bias, layer.reduce_range)
     if isinstance(layer, nn.Linear):

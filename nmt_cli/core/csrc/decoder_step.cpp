@@ -10,6 +10,7 @@
 
 #include "beam_topk.h"
 #include "bf16_linear.h"
+#include "int8_linear.h"
 
 #include <cmath>
 #include <optional>
@@ -24,7 +25,7 @@ using OptTensor = std::optional<Tensor>;
 // a oneDNN-packed bf16 weight, or PyTorch's dynamically quantized int8 packed weight.
 class Linear {
  public:
-  enum class Kind { kPlain, kPacked, kInt8 };
+  enum class Kind { kPlain, kPacked, kInt8, kInt8Rows };
 
   explicit Linear(const py::tuple& spec) {
     const auto kind = spec[0].cast<std::string>();
@@ -38,6 +39,13 @@ class Linear {
       if (!spec[2].is_none()) bias_ = spec[2].cast<Tensor>();
       if (!spec[3].is_none()) rows_packed_ = spec[3].cast<Tensor>();
       n_ = spec[4].cast<int64_t>();
+    } else if (kind == "int8-rows") {  // the module's own kernel (int8_linear.cpp)
+      kind_ = Kind::kInt8Rows;
+      weight_ = spec[1].cast<Tensor>();
+      scale_ = spec[2].cast<Tensor>();
+      column_sum_ = spec[3].cast<Tensor>();
+      if (!spec[4].is_none()) bias_ = spec[4].cast<Tensor>();
+      n_ = spec[5].cast<int64_t>();
     } else if (kind == "int8") {
       // The quantized weight, packed again here: the packed form is a TorchScript object,
       // which the Python binding cannot hand over.
@@ -58,6 +66,8 @@ class Linear {
       case Kind::kPacked:
         return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, std::nullopt, false);
       case Kind::kInt8: return int8("quantized::linear_dynamic", x);
+      case Kind::kInt8Rows:
+        return nmt::int8_linear(x, weight_, scale_, column_sum_, n_, bias_, std::nullopt, false);
     }
     return Tensor();
   }
@@ -69,6 +79,8 @@ class Linear {
       case Kind::kPacked:
         return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, std::nullopt, true);
       case Kind::kInt8: return int8("quantized::linear_relu_dynamic", x);
+      case Kind::kInt8Rows:
+        return nmt::int8_linear(x, weight_, scale_, column_sum_, n_, bias_, std::nullopt, true);
     }
     return Tensor();
   }
@@ -77,6 +89,9 @@ class Linear {
   Tensor add(const Tensor& x, const Tensor& residual) const {
     if (kind_ == Kind::kPacked) {
       return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, residual, false);
+    }
+    if (kind_ == Kind::kInt8Rows) {
+      return nmt::int8_linear(x, weight_, scale_, column_sum_, n_, bias_, residual, false);
     }
     return at::add(residual, (*this)(x));
   }
@@ -94,6 +109,7 @@ class Linear {
 
   Kind kind_ = Kind::kPlain;
   Tensor weight_;
+  Tensor scale_, column_sum_;
   OptTensor bias_, rows_packed_;
   int64_t n_ = 0;
   c10::IValue packed_;
@@ -217,4 +233,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_bf16", &nmt::pack_bf16);
   m.def("packed_linear", &nmt::packed_linear);
   m.def("beam_topk", &nmt::beam_topk);
+  m.def("int8_kernel_available", &nmt::int8_kernel_available);
+  m.def("pack_int8", &nmt::pack_int8);
+  m.def("int8_linear", &nmt::int8_linear);
 }

@@ -1,0 +1,193 @@
+// int8 matrix products with per-row dynamic quantization, with AVX-512 VNNI.
+//
+// `--precision int8` stores each weight row as int8 with its own scale. PyTorch's dynamic
+// quantized linear (fbgemm) quantizes its input with one scale for the whole call, so a
+// row's result depends on the other rows in the batch, and it spends ~15 us a call on
+// its own bookkeeping. Here each input row gets its own scale (as CTranslate2 does), so
+// a sentence translates the same in any batch, and there is no fixed cost: the row is
+// quantized once to unsigned bytes (q + 128), `vpdpbusd` multiplies four of them by four
+// int8 weights of 16 output columns at a time into int32, and the offset of 128 is taken
+// back out with the weights' column sums: y = (acc - 128 sum_k w) s_x s_w + b.
+#include "int8_linear.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace nmt {
+namespace {
+
+constexpr int64_t kLanes = 16;  // output columns a 512-bit register accumulates
+constexpr int kMaxCols = 4;     // register blocks of columns a tile holds
+constexpr int kMaxRows = 4;     // input rows a tile holds
+
+#define NMT_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
+struct Operands {
+  const uint8_t* x;       // (M, quads * 4) quantized rows, offset by 128
+  const float* x_scale;   // (M)
+  const int8_t* w;        // packed
+  const float* w_scale;   // (N)
+  const int32_t* w_sum;   // (N)
+  const float* bias;      // (N) or null
+  const float* residual;  // (M, N) or null
+  float* y;               // (M, N)
+  int64_t quads, n;
+  bool relu;
+};
+
+template <int R, int C>
+NMT_AVX512_VNNI void tile(const Operands& op, int64_t row, int64_t block) {
+  __m512i acc[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+  const int8_t* w = op.w + block * op.quads * kLanes * 4;
+  const uint8_t* x = op.x + row * op.quads * 4;
+  for (int64_t p = 0; p < op.quads; ++p) {
+    __m512i wv[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_si512(w + (c * op.quads + p) * kLanes * 4);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, x + (r * op.quads + p) * 4, sizeof quad);
+      const __m512i xv = _mm512_set1_epi32(quad);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], xv, wv[c]);
+    }
+  }
+  const __m512i offset = _mm512_set1_epi32(128);
+  for (int c = 0; c < C; ++c) {
+    const int64_t col = (block + c) * kLanes;
+    const int64_t valid = std::min<int64_t>(kLanes, op.n - col);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    const __m512i sum = _mm512_maskz_loadu_epi32(mask, op.w_sum + col);
+    const __m512 w_scale = _mm512_maskz_loadu_ps(mask, op.w_scale + col);
+    const __m512 bias = op.bias ? _mm512_maskz_loadu_ps(mask, op.bias + col) : _mm512_setzero_ps();
+    const __m512i correction = _mm512_mullo_epi32(sum, offset);
+    for (int r = 0; r < R; ++r) {
+      const __m512i exact = _mm512_sub_epi32(acc[r][c], correction);
+      const __m512 scale = _mm512_mul_ps(w_scale, _mm512_set1_ps(op.x_scale[row + r]));
+      __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, bias);
+      if (op.relu) v = _mm512_max_ps(v, _mm512_setzero_ps());
+      const int64_t at = (row + r) * op.n + col;
+      if (op.residual) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, op.residual + at));
+      _mm512_mask_storeu_ps(op.y + at, mask, v);
+    }
+  }
+}
+
+using TileFn = void (*)(const Operands&, int64_t, int64_t);
+
+template <int R>
+constexpr TileFn kRowTiles[kMaxCols] = {tile<R, 1>, tile<R, 2>, tile<R, 3>, tile<R, 4>};
+constexpr const TileFn* kTiles[kMaxRows] = {kRowTiles<1>, kRowTiles<2>, kRowTiles<3>,
+                                            kRowTiles<4>};
+
+// One row of x -> bytes q + 128 (q = round(x / s) to nearest even, |q| <= 127,
+// s = max |x| / 127; the padding to whole quads is 128, a zero), and s.
+NMT_AVX512_VNNI void quantize_row(const float* x, int64_t k, int64_t padded, uint8_t* out,
+                                  float* scale) {
+  const int64_t whole = k / kLanes * kLanes;
+  __m512 vmax = _mm512_setzero_ps();
+  for (int64_t i = 0; i < whole; i += kLanes) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+  float amax = _mm512_reduce_max_ps(vmax);
+  for (int64_t i = whole; i < k; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+  const float inv = 1.0f / s;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const __m512i offset = _mm512_set1_epi32(128);
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    const __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i u = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), offset);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(u));
+  }
+  for (int64_t i = whole; i < k; ++i) {
+    const float q = std::nearbyint(x[i] * inv);
+    out[i] = static_cast<uint8_t>(static_cast<int32_t>(std::clamp(q, -127.0f, 127.0f)) + 128);
+  }
+  for (int64_t i = k; i < padded; ++i) out[i] = 128;
+  *scale = s;
+}
+
+}  // namespace
+
+bool int8_kernel_available() {
+  static const bool available = __builtin_cpu_supports("avx512f") &&
+                                __builtin_cpu_supports("avx512bw") &&
+                                __builtin_cpu_supports("avx512vl") &&
+                                __builtin_cpu_supports("avx512vnni");
+  return available;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight_in) {
+  TORCH_CHECK(weight_in.dim() == 2, "pack_int8: an (N, K) weight");
+  const at::Tensor weight = weight_in.to(at::kFloat);
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const int64_t blocks = (n + kLanes - 1) / kLanes, quads = (k + 3) / 4;
+  const at::Tensor scale = (weight.abs().amax(1) / 127.0).clamp_min(1e-12);
+  const at::Tensor q = at::round(weight / scale.unsqueeze(1)).clamp(-127, 127).to(at::kChar);
+  at::Tensor padded = at::zeros({blocks * kLanes, quads * 4}, q.options());
+  padded.narrow(0, 0, n).narrow(1, 0, k).copy_(q);
+  at::Tensor packed =
+      padded.view({blocks, kLanes, quads, 4}).permute({0, 2, 1, 3}).contiguous();
+  return {packed, scale.contiguous(), q.to(at::kInt).sum(1).to(at::kInt).contiguous()};
+}
+
+at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const at::Tensor& scale,
+                       const at::Tensor& column_sum, int64_t n,
+                       const std::optional<at::Tensor>& bias,
+                       const std::optional<at::Tensor>& residual_in, bool relu) {
+  TORCH_CHECK(int8_kernel_available(), "int8_linear: this CPU lacks AVX-512 VNNI");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat, "int8_linear: float32 input");
+  const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(1, k);
+  const int64_t blocks = packed.size(0), quads = packed.size(1);
+  TORCH_CHECK(quads == (k + 3) / 4 && blocks == (n + kLanes - 1) / kLanes, "int8_linear: shape");
+  const at::Tensor x = x_in.reshape({m, k}).contiguous();
+  at::Tensor residual;
+  if (residual_in.has_value()) residual = residual_in->reshape({m, n}).contiguous();
+  std::vector<int64_t> sizes = x_in.sizes().vec();
+  sizes.back() = n;
+  at::Tensor y = at::empty(sizes, x.options());
+  std::vector<uint8_t> xq(static_cast<size_t>(m * quads * 4));
+  std::vector<float> x_scale(static_cast<size_t>(m));
+  const float* xp = x.const_data_ptr<float>();
+  for (int64_t r = 0; r < m; ++r) {
+    quantize_row(xp + r * k, k, quads * 4, xq.data() + r * quads * 4, &x_scale[r]);
+  }
+  const Operands op{xq.data(),
+                    x_scale.data(),
+                    packed.const_data_ptr<int8_t>(),
+                    scale.const_data_ptr<float>(),
+                    column_sum.const_data_ptr<int32_t>(),
+                    bias.has_value() ? bias->const_data_ptr<float>() : nullptr,
+                    residual.defined() ? residual.const_data_ptr<float>() : nullptr,
+                    y.data_ptr<float>(),
+                    quads,
+                    n,
+                    relu};
+  const int64_t tiles = (blocks + kMaxCols - 1) / kMaxCols;
+  const int64_t grain = std::max<int64_t>(1, (1 << 19) / std::max<int64_t>(1, m * 64 * k));
+  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t block = t * kMaxCols;
+      const int cols = static_cast<int>(std::min<int64_t>(kMaxCols, blocks - block));
+      for (int64_t row = 0; row < m; row += kMaxRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - row));
+        kTiles[rows - 1][cols - 1](op, row, block);
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace nmt

@@ -1,0 +1,26 @@
+// An int8 linear layer with per-row dynamic quantization (see int8_linear.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace nmt {
+
+// Whether this CPU has the instructions int8_linear needs (AVX-512 with VNNI).
+bool int8_kernel_available();
+
+// weight (N, K) float -> (packed int8 (ceil(N/16), ceil(K/4), 16, 4), per-column scale
+// (N) float32, per-column sum of the int8 weights (N) int32). Symmetric, one scale a row
+// of W: max |w| / 127.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight);
+
+// [residual +] [relu](x W^T + bias) for x (..., K) float32: each row of x quantized to
+// int8 with its own scale (max |x| / 127), int32 products, float32 out.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                       const at::Tensor& column_sum, int64_t n,
+                       const std::optional<at::Tensor>& bias,
+                       const std::optional<at::Tensor>& residual, bool relu);
+
+}  // namespace nmt
