@@ -69,9 +69,7 @@ def is_built() -> bool:
 def load_kernel() -> ModuleType:
     """The compiled module, built on the first call of the process if need be (once per
     process: loading an extension is process-wide anyway)."""
-    if shutil.which("c++") is None:
-        raise CompileError("no C++ compiler (c++) on PATH")
-    _put_ninja_on_path()
+    check_tools()
     from torch.utils.cpp_extension import load
 
     directory = build_directory()
@@ -89,10 +87,14 @@ def load_kernel() -> ModuleType:
         raise CompileError(first[0] if first else type(exc).__name__) from exc
 
 
-def _put_ninja_on_path() -> None:
-    """PyTorch's builder runs `ninja` from PATH. The ninja wheel (a dependency) installs
-    it among this Python's scripts, which are not on PATH when `nmt` is run from a
-    virtual environment that is not activated: add that directory for the build."""
+def check_tools() -> None:
+    """Raise CompileError unless a build can start: a C++ compiler, and ninja.
+
+    PyTorch's builder runs `ninja` from PATH. The ninja wheel (a dependency) installs it
+    among this Python's scripts, which are not on PATH when `nmt` is run from a virtual
+    environment that is not activated: that directory is added for the build."""
+    if shutil.which("c++") is None:
+        raise CompileError("no C++ compiler (c++) on PATH")
     if shutil.which("ninja") is not None:
         return
     scripts = sysconfig.get_path("scripts")
@@ -182,6 +184,7 @@ def prepare_kernel(on_compile: Callable[[], None] = lambda: None) -> ModuleType:
     """The compiled module; `on_compile` is called first when it has to be built (tens of
     seconds). Raises CompileError where it cannot be built here."""
     if not is_built():
+        check_tools()
         on_compile()
     return load_kernel()
 

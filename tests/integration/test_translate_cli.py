@@ -281,3 +281,41 @@ def test_thread_layout_gives_each_batch_its_own_threads() -> None:
         assert set_threads(1, 5) == (1, 1) and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_the_python_step_translates_as_the_compiled_one(random_ckpt: Path, precision: str) -> None:
+    """A random model's output is all near-ties: any difference in a step would show.
+    fp32 is bit-identical; bf16 and int8 use the compiled module's products only beside
+    the compiled step, so there the two may differ in the last bit and are compared on
+    their scores."""
+    text = "\n".join(f"{w} red dog" for w in COPY_POOL[:8]) + "\n"
+    args = ["-m", str(random_ckpt), "--precision", precision, "--json", "-q", "--beam", "3"]
+    code_c, compiled, _ = run(args, text)
+    code_p, python, _ = run([*args, "--python-step"], text)
+    assert code_c == code_p == 0
+    a = [json.loads(line) for line in compiled.splitlines()]
+    b = [json.loads(line) for line in python.splitlines()]
+    if precision == "fp32":
+        assert [r["hypotheses"] for r in a] == [r["hypotheses"] for r in b]
+    else:
+        scores_a = [h["score"] for r in a for h in r["hypotheses"]]
+        scores_b = [h["score"] for r in b for h in r["hypotheses"]]
+        assert scores_a == pytest.approx(scores_b, abs=0.05)
+
+
+def test_a_step_that_cannot_be_compiled_is_a_warning_not_a_failure(
+    copier: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nmt_cli.core import compiled_step
+
+    def no_compiler() -> None:
+        raise compiled_step.CompileError("no C++ compiler (c++) on PATH")
+
+    monkeypatch.setattr(compiled_step, "is_built", lambda: False)
+    monkeypatch.setattr(compiled_step, "check_tools", no_compiler)
+    text = "\n".join(COPY_POOL[:4]) + "\n"
+    code, out, err = run(["-m", str(copier)], text)
+    assert code == 0 and out == text
+    assert "warning: decoding with the slower Python step" in err
+    assert "no C++ compiler" in err and "compiling" not in err
