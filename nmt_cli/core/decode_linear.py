@@ -9,9 +9,10 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   PyTorch's compiler applies when it freezes weights) and calls the packed kernel, with
   bit-identical results: 1.5-2.5x faster at beam-search shapes (BENCHMARKS.md). Given
   the compiled module (core/compiled_step.py) on a CPU with AVX-512 BF16, it also keeps
-  the weight in that module's layout, and products of up to 32 rows (a decoder step of
-  a few sentences) run there: oneDNN's fixed cost of ~15 us a call is most of such a
-  product, the module's kernel has none (3-5x faster at 4 rows).
+  the weight in that module's layout, and products of up to 128 rows (a decoder step of
+  up to 32 sentences at beam 4) run there: oneDNN's fixed cost of ~15 us a call is most
+  of a product of a few rows, the module's kernel has none (3-5x faster at 4 rows,
+  1.1-1.4x at 128; from 256 rows on they are even).
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do): per row in the compiled module's VNNI kernel where

@@ -1,7 +1,7 @@
 // bf16 matrix products for the few rows of a decoder step, with AVX-512 BF16.
 //
 // oneDNN (PyTorch's `mkldnn::_linear_pointwise`) spends about 15 us a call on its own
-// bookkeeping whatever the size, which at 1-32 rows is most of a product of the layer
+// bookkeeping whatever the size, which at a few rows is most of a product of the layer
 // sizes nmt decodes with (measured in docs/ARCHITECTURE.md). This kernel has none: the
 // weight is laid out once so that each 64-byte load holds 16 output columns x one pair of
 // inputs, which is what `vdpbf16ps` multiplies by a broadcast pair of the input row; a

@@ -21,9 +21,10 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 
 // The bf16 layer of core/decode_linear.py's PackedLinear: [residual +] [relu](x W^T + b)
 // for x (..., K). Up to kKernelRows rows (and `rows_packed` given) bf16_linear, else
-// oneDNN's packed product (`onednn_packed`), whose fixed cost per call only pays off
-// with more rows. relu and residual are not asked for together.
-constexpr int64_t kKernelRows = 32;
+// oneDNN's packed product (`onednn_packed`): at 256 rows and more the two are even, and
+// oneDNN's blocking keeps a large weight (the output projection) in cache better.
+// relu and residual are not asked for together.
+constexpr int64_t kKernelRows = 128;
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& onednn_packed,
                          const std::optional<at::Tensor>& rows_packed, int64_t n,
                          const std::optional<at::Tensor>& bias,
