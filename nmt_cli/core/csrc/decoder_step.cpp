@@ -1,8 +1,9 @@
 // One incremental decoder step of nmt's Transformer, as one C++ call.
 //
 // The Python step (nmt_cli/core/transformer.py: Transformer.decode_step and the `step`
-// methods it calls) is the reference: this file makes the same ATen calls in the same
-// order, so its outputs are bit-identical, and only removes the Python between them. At
+// methods it calls) is the reference: this file makes the same ATen calls (and calls the
+// same kernels of this module for the linear layers that use them) in the same order, so
+// its outputs are bit-identical, and only removes the Python between them. At
 // a few rows a step is a few hundred small operator calls, and calling each from Python
 // costs about as much as the operator itself (docs/ARCHITECTURE.md has the figures).
 // Any change to the Python step must be made here too; the tests compare the two.
@@ -21,8 +22,10 @@ namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
-// A linear layer as the Python side built it (core/decode_linear.py): a plain nn.Linear,
-// a oneDNN-packed bf16 weight, or PyTorch's dynamically quantized int8 packed weight.
+// A linear layer as the Python side built it (core/decode_linear.py): a plain nn.Linear
+// (fp32), a packed bf16 one (oneDNN's layout, and this module's for few rows), an int8
+// one for this module's per-row kernel, or PyTorch's dynamically quantized int8 weight
+// (CPUs without AVX-512 VNNI).
 class Linear {
  public:
   enum class Kind { kPlain, kPacked, kInt8, kInt8Rows };
