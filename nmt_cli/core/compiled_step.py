@@ -6,7 +6,10 @@ interpreter, argument parsing and the dispatcher's Python binding. `csrc/decoder
 makes the same ATen calls in the same order as the Python step
 (`Transformer.decode_step`), so its outputs are bit-identical, from one C++ call a step;
 search, the cache's bookkeeping and the first step (which projects the encoder output
-into the cross-attention cache) stay in Python.
+into the cross-attention cache) stay in Python. The same module holds kernels that the
+Python side uses too: bf16 and int8 products for the few rows of a step
+(`csrc/bf16_linear.cpp`, `csrc/int8_linear.cpp`, through core/decode_linear.py's layers)
+and beam search's one-pass candidate selection (`csrc/beam_topk.cpp`).
 
 The source is built with PyTorch's extension builder (a C++ compiler and ninja) once per
 source and PyTorch version, into a per-user cache (`TORCH_EXTENSIONS_DIR` if set); where

@@ -13,11 +13,13 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 namespace nmt {
 namespace {
@@ -148,6 +150,28 @@ at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t
   });
   return y;
 }
+
+}  // namespace nmt
+
+#else  // the kernels need x86-64 with AVX-512; elsewhere they report none
+
+namespace nmt {
+
+bool bf16_kernel_available() { return false; }
+
+at::Tensor pack_bf16(const at::Tensor&) { TORCH_CHECK(false, "pack_bf16: x86-64 only"); }
+
+at::Tensor bf16_linear(const at::Tensor&, const at::Tensor&, int64_t,
+                       const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                       bool) {
+  TORCH_CHECK(false, "bf16_linear: x86-64 only");
+}
+
+}  // namespace nmt
+
+#endif
+
+namespace nmt {
 
 namespace {
 

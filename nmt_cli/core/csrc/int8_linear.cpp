@@ -11,13 +11,15 @@
 #include "int8_linear.h"
 
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
 
 namespace nmt {
 namespace {
@@ -191,3 +193,23 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
 }
 
 }  // namespace nmt
+
+#else  // the kernels need x86-64 with AVX-512; elsewhere they report none
+
+namespace nmt {
+
+bool int8_kernel_available() { return false; }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor&) {
+  TORCH_CHECK(false, "pack_int8: x86-64 only");
+}
+
+at::Tensor int8_linear(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                       const at::Tensor&, int64_t, const std::optional<at::Tensor>&,
+                       const std::optional<at::Tensor>&, bool) {
+  TORCH_CHECK(false, "int8_linear: x86-64 only");
+}
+
+}  // namespace nmt
+
+#endif
