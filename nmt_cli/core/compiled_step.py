@@ -37,7 +37,7 @@ from nmt_cli.core.search import CandidateSelect, torch_select
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
 _CSRC = Path(__file__).with_name("csrc")
-_NAMES = ("decoder_step", "bf16_linear", "int8_linear", "beam_topk")
+_NAMES = ("decoder_step", "bf16_linear", "int8_linear", "beam_topk", "log_softmax")
 SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
 HEADERS = [_CSRC / f"{name}.h" for name in _NAMES[1:]]
 

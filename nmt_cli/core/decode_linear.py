@@ -168,6 +168,17 @@ def linear_add(layer: nn.Module, x: Tensor, residual: Tensor) -> Tensor:
     return residual + linear(layer, x)
 
 
+def log_probs(projection: nn.Module | None, logits: Tensor) -> Tensor:
+    """log_softmax(logits) in float32 over the last dimension, for the logits of
+    `projection`: the compiled module's three-pass version when the projection runs on
+    its kernels (bf16, int8: it is faster, and differs from PyTorch's in the last bits),
+    PyTorch's otherwise, so that fp32 models keep their exact scores."""
+    kernel = getattr(projection, "kernel", None)
+    if kernel is not None and logits.dim() == 2:
+        return cast(Tensor, kernel.fast_log_softmax(logits))
+    return torch.log_softmax(logits, -1, dtype=torch.float32)
+
+
 def int8_available() -> bool:
     """Whether this PyTorch build has a CPU engine for quantized linear layers."""
     engines = set(torch.backends.quantized.supported_engines)

@@ -29,7 +29,7 @@ from nmt_cli.core.attention_kernels import (
     sdpa_backends,
 )
 from nmt_cli.core.cache import DecoderCache, LayerCache
-from nmt_cli.core.decode_linear import linear, linear_add, linear_relu
+from nmt_cli.core.decode_linear import linear, linear_add, linear_relu, log_probs
 from nmt_cli.core.dropout import Dropout
 from nmt_cli.core.model_config import ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
@@ -484,7 +484,7 @@ class Transformer(nn.Module):
                 own.append(self_w)
                 cross.append(cross_w)
         cache.length += 1
-        lprobs = torch.log_softmax(self.logits(y), -1, dtype=torch.float32)
+        lprobs = log_probs(self.projection, self.logits(y))
         return lprobs, [*own, *cross] if need_weights else None
 
 

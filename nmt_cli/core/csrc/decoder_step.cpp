@@ -12,6 +12,7 @@
 #include "beam_topk.h"
 #include "bf16_linear.h"
 #include "int8_linear.h"
+#include "log_softmax.h"
 
 #include <cmath>
 #include <optional>
@@ -73,6 +74,12 @@ class Linear {
         return nmt::int8_linear(x, weight_, scale_, column_sum_, n_, bias_, std::nullopt, false);
     }
     return Tensor();
+  }
+
+  // Whether the layer runs on this module's kernels (core/decode_linear.py: its
+  // `kernel` is set), which also decides the log-softmax after the output projection.
+  bool uses_module() const {
+    return kind_ == Kind::kInt8Rows || (kind_ == Kind::kPacked && rows_packed_.has_value());
   }
 
   // max(0, x W^T + b): fused into the product except for plain layers.
@@ -214,7 +221,10 @@ class DecoderStep {
       y = layer.ff2.add(layer.ff1.relu(y), y);
       y = at::layer_norm(y, {y.size(1)}, layer.norm3.weight, layer.norm3.bias, eps_);
     }
-    result[0] = at::log_softmax(projection_(y), -1, at::kFloat);
+    // As Transformer.decode_step (decode_linear.log_probs): the module's log-softmax after
+    // a projection on its kernels (bf16, int8), PyTorch's otherwise (fp32 models).
+    result[0] = projection_.uses_module() ? nmt::fast_log_softmax(projection_(y))
+                                          : at::log_softmax(projection_(y), -1, at::kFloat);
     return result;
   }
 
@@ -239,4 +249,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_kernel_available", &nmt::int8_kernel_available);
   m.def("pack_int8", &nmt::pack_int8);
   m.def("int8_linear", &nmt::int8_linear);
+  m.def("fast_log_softmax", &nmt::fast_log_softmax);
 }
