@@ -16,7 +16,7 @@ from torch import Tensor
 from nmt_cli.core import compiled_step
 from nmt_cli.core.checkpoint import Checkpoint, model_state
 from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps, load_kernel
-from nmt_cli.core.decode_linear import Int8Linear, PackedLinear, specialise_linears
+from nmt_cli.core.decode_linear import Int8Linear, PackedLinear, log_probs, specialise_linears
 from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.search import beam_search, torch_select
 from nmt_cli.core.transformer import ModelConfig, Transformer
@@ -132,6 +132,27 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     louder = x.clone()
     louder[1:] *= 100  # other rows' scales change, the first row's result does not
     assert torch.equal(layer(louder)[0], y[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4, 8000), (3, 37), (1, 5)])
+def test_the_fast_log_softmax_is_pytorchs_to_a_few_ulp(
+    kernel: ModuleType, dtype: torch.dtype, shape: tuple[int, int]
+) -> None:
+    g = torch.Generator().manual_seed(shape[1])
+    logits = (torch.randn(*shape, generator=g) * 4).to(dtype)
+    logits[0, 0] = -200.0  # exp underflows to 0
+    got = kernel.fast_log_softmax(logits)
+    want = torch.log_softmax(logits, -1, dtype=torch.float32)
+    assert got.dtype == torch.float32 and got.shape == shape
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-5)
+
+
+def test_bf16_and_int8_steps_use_it_and_fp32_keeps_pytorchs(kernel: ModuleType) -> None:
+    logits = torch.randn(2, 50)
+    assert torch.equal(log_probs(None, logits), torch.log_softmax(logits, -1))
+    packed = _model("bf16", kernel).projection
+    assert torch.equal(log_probs(packed, logits), kernel.fast_log_softmax(logits))
 
 
 def test_more_rows_than_the_kernel_takes_go_to_onednn(kernel: ModuleType) -> None:
