@@ -57,34 +57,31 @@ class PackedLinear(nn.Module):
         if kernel is not None and kernel.bf16_kernel_available() and self.in_features % 2 == 0:
             self.kernel, self.rows = kernel, kernel.pack_bf16(weight)
 
+    def _module(self, x: Tensor, residual: Tensor | None, relu: bool) -> Tensor:
+        """The compiled module's choice: its kernel for few rows, oneDNN's for more."""
+        assert self.kernel is not None
+        n = self.out_features
+        return cast(
+            Tensor,
+            self.kernel.packed_linear(x, self.packed, self.rows, n, self.bias, residual, relu),
+        )
+
     def forward(self, x: Tensor) -> Tensor:
         if self.kernel is not None:
-            n = self.out_features
-            return cast(
-                Tensor,
-                self.kernel.packed_linear(x, self.packed, self.rows, n, self.bias, None, False),
-            )
+            return self._module(x, None, False)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def relu(self, x: Tensor) -> Tensor:
         """max(0, x W^T + b), the ReLU applied by the product's own kernel."""
         if self.kernel is not None:
-            n = self.out_features
-            return cast(
-                Tensor,
-                self.kernel.packed_linear(x, self.packed, self.rows, n, self.bias, None, True),
-            )
+            return self._module(x, None, True)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "relu", [], "")
 
     def add(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + x W^T + b, the sum taken by the product's own kernel (before its
         result is rounded to bf16, so one rounding instead of two)."""
         if self.kernel is not None:
-            n = self.out_features
-            return cast(
-                Tensor,
-                self.kernel.packed_linear(x, self.packed, self.rows, n, self.bias, residual, False),
-            )
+            return self._module(x, residual, False)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
 
 
