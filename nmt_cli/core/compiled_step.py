@@ -18,10 +18,12 @@ that fails, decoding keeps the Python step and the caller is told why.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import sysconfig
+import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -40,6 +42,9 @@ _CSRC = Path(__file__).with_name("csrc")
 _NAMES = ("decoder_step", "bf16_linear", "int8_linear", "beam_topk", "log_softmax")
 SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
 HEADERS = [_CSRC / f"{name}.h" for name in _NAMES[1:]]
+
+
+STALE_LOCK_SECONDS = 600
 
 
 class CompileError(RuntimeError):
@@ -76,8 +81,9 @@ def load_kernel() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     directory = build_directory()
-    directory.mkdir(parents=True, exist_ok=True)
     try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(directory / "lock")
         return load(
             name=_module_name(),
             sources=[str(path) for path in SOURCES],
@@ -85,9 +91,18 @@ def load_kernel() -> ModuleType:
             build_directory=str(directory),
             verbose=False,
         )
-    except Exception as exc:  # a compiler error, a missing header, a bad .so
+    except Exception as exc:  # unwritable cache, a compiler error, a missing header, a bad .so
         first = str(exc).strip().splitlines()
         raise CompileError(first[0] if first else type(exc).__name__) from exc
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """PyTorch's builder holds `lock` while it compiles and others wait for it to go;
+    a build killed outright (not interrupted: that releases it) leaves it behind, and
+    every later run would wait forever. A build takes well under a minute."""
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
+            lock.unlink()
 
 
 def check_tools() -> None:

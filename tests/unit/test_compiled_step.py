@@ -5,6 +5,9 @@ and where it cannot be built, decoding falls back to the Python step and says wh
 from __future__ import annotations
 
 import copy
+import os
+import time
+from pathlib import Path
 from types import ModuleType
 from typing import cast
 
@@ -325,10 +328,22 @@ def test_build_decoder_gives_cpu_models_the_compiled_step(kernel: ModuleType) ->
 
 
 def test_the_build_is_cached_per_source_and_torch_version(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     directory = compiled_step.build_directory()
     assert directory.parent == tmp_path
     assert torch.__version__ not in directory.name  # hashed with the source text
     assert not compiled_step.is_built()
+
+
+def test_a_lock_left_by_a_killed_build_is_cleared(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    compiled_step._clear_stale_lock(lock)
+    assert lock.exists()  # a build may be running
+    old = time.time() - compiled_step.STALE_LOCK_SECONDS - 1
+    os.utime(lock, (old, old))
+    compiled_step._clear_stale_lock(lock)
+    assert not lock.exists()
+    compiled_step._clear_stale_lock(lock)  # nothing to clear
