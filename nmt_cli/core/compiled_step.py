@@ -41,7 +41,7 @@ from nmt_cli.core.transformer import DecoderLayer, Transformer
 _CSRC = Path(__file__).with_name("csrc")
 _NAMES = ("decoder_step", "bf16_linear", "int8_linear", "beam_topk", "log_softmax")
 SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
-HEADERS = [_CSRC / f"{name}.h" for name in _NAMES[1:]]
+HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles")]
 
 
 STALE_LOCK_SECONDS = 600
@@ -51,6 +51,7 @@ class CompileError(RuntimeError):
     """The step could not be built or loaded here; the message says why."""
 
 
+@cache
 def _module_name() -> str:
     """One name per source text and PyTorch version, so a changed source or a new
     PyTorch never loads a stale build."""

@@ -11,7 +11,6 @@
 // bit for bit except where oneDNN splits a long K (rarely, in the last bit).
 #include "bf16_linear.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
@@ -21,12 +20,14 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "tiles.h"
+
 namespace nmt {
 namespace {
 
-constexpr int64_t kLanes = 16;  // output columns a 512-bit register accumulates
-constexpr int kMaxCols = 4;     // register blocks of columns a tile holds
-constexpr int kMaxRows = 4;     // input rows a tile holds
+using tiles::kLanes;
+using tiles::kMaxCols;
+using tiles::kMaxRows;
 
 #define NMT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -85,7 +86,7 @@ NMT_AVX512_BF16 void tile(const Operands& op, int64_t row, int64_t block) {
   }
 }
 
-using TileFn = void (*)(const Operands&, int64_t, int64_t);
+using TileFn = tiles::TileFn<Operands>;
 
 template <int R>
 constexpr TileFn kRowTiles[kMaxCols] = {tile<R, 1>, tile<R, 2>, tile<R, 3>, tile<R, 4>};
@@ -135,19 +136,7 @@ at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t
                     n,
                     k / 2,
                     relu};
-  const int64_t tiles = (blocks + kMaxCols - 1) / kMaxCols;
-  // Threads split the columns; a tile of all rows is about m * 64 * k multiply-adds.
-  const int64_t grain = std::max<int64_t>(1, (1 << 18) / std::max<int64_t>(1, m * 64 * k));
-  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t block = t * kMaxCols;
-      const int cols = static_cast<int>(std::min<int64_t>(kMaxCols, blocks - block));
-      for (int64_t row = 0; row < m; row += kMaxRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - row));
-        kTiles[rows - 1][cols - 1](op, row, block);
-      }
-    }
-  });
+  tiles::for_each_tile(op, m, blocks, k, 1 << 18, kTiles);
   return y;
 }
 

@@ -64,17 +64,7 @@ class Linear {
     }
   }
 
-  Tensor operator()(const Tensor& x) const {
-    switch (kind_) {
-      case Kind::kPlain: return at::linear(x, weight_, bias_);
-      case Kind::kPacked:
-        return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, std::nullopt, false);
-      case Kind::kInt8: return int8("quantized::linear_dynamic", x);
-      case Kind::kInt8Rows:
-        return nmt::int8_linear(x, weight_, scale_, column_sum_, n_, bias_, std::nullopt, false);
-    }
-    return Tensor();
-  }
+  Tensor operator()(const Tensor& x) const { return run(x, false); }
 
   // Whether the layer runs on this module's kernels (core/decode_linear.py: its
   // `kernel` is set), which also decides the log-softmax after the output projection.
@@ -83,19 +73,9 @@ class Linear {
   }
 
   // max(0, x W^T + b): fused into the product except for plain layers.
-  Tensor relu(const Tensor& x) const {
-    switch (kind_) {
-      case Kind::kPlain: return at::relu(at::linear(x, weight_, bias_));
-      case Kind::kPacked:
-        return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, std::nullopt, true);
-      case Kind::kInt8: return int8("quantized::linear_relu_dynamic", x);
-      case Kind::kInt8Rows:
-        return nmt::int8_linear(x, weight_, scale_, column_sum_, n_, bias_, std::nullopt, true);
-    }
-    return Tensor();
-  }
+  Tensor relu(const Tensor& x) const { return run(x, true); }
 
-  // residual + x W^T + b: fused into the packed bf16 product.
+  // residual + x W^T + b: fused into the module's products (bf16, int8 by rows).
   Tensor add(const Tensor& x, const Tensor& residual) const {
     if (kind_ == Kind::kPacked) {
       return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, residual, false);
@@ -107,6 +87,22 @@ class Linear {
   }
 
  private:
+  Tensor run(const Tensor& x, bool relu) const {
+    switch (kind_) {
+      case Kind::kPlain: {
+        Tensor y = at::linear(x, weight_, bias_);
+        return relu ? at::relu(y) : y;
+      }
+      case Kind::kPacked:
+        return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, std::nullopt, relu);
+      case Kind::kInt8:
+        return int8(relu ? "quantized::linear_relu_dynamic" : "quantized::linear_dynamic", x);
+      case Kind::kInt8Rows:
+        return nmt::int8_linear(x, weight_, scale_, column_sum_, n_, bias_, std::nullopt, relu);
+    }
+    return Tensor();
+  }
+
   static c10::OperatorHandle op(const char* name) {
     return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
   }

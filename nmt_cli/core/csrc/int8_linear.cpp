@@ -10,7 +10,6 @@
 // back out with the weights' column sums: y = (acc - 128 sum_k w) s_x s_w + b.
 #include "int8_linear.h"
 
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,12 +20,14 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "tiles.h"
+
 namespace nmt {
 namespace {
 
-constexpr int64_t kLanes = 16;  // output columns a 512-bit register accumulates
-constexpr int kMaxCols = 4;     // register blocks of columns a tile holds
-constexpr int kMaxRows = 4;     // input rows a tile holds
+using tiles::kLanes;
+using tiles::kMaxCols;
+using tiles::kMaxRows;
 
 #define NMT_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
@@ -86,7 +87,7 @@ NMT_AVX512_VNNI void tile(const Operands& op, int64_t row, int64_t block) {
   }
 }
 
-using TileFn = void (*)(const Operands&, int64_t, int64_t);
+using TileFn = tiles::TileFn<Operands>;
 
 template <int R>
 constexpr TileFn kRowTiles[kMaxCols] = {tile<R, 1>, tile<R, 2>, tile<R, 3>, tile<R, 4>};
@@ -177,18 +178,7 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
                     quads,
                     n,
                     relu};
-  const int64_t tiles = (blocks + kMaxCols - 1) / kMaxCols;
-  const int64_t grain = std::max<int64_t>(1, (1 << 19) / std::max<int64_t>(1, m * 64 * k));
-  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t block = t * kMaxCols;
-      const int cols = static_cast<int>(std::min<int64_t>(kMaxCols, blocks - block));
-      for (int64_t row = 0; row < m; row += kMaxRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, m - row));
-        kTiles[rows - 1][cols - 1](op, row, block);
-      }
-    }
-  });
+  tiles::for_each_tile(op, m, blocks, k, 1 << 19, kTiles);
   return y;
 }
 
