@@ -1,27 +1,56 @@
-"""Key/value cache for incremental decoding.
+"""Key/value caches for incremental decoding, and one-query attention over them.
 
 Each decoder layer keeps its self-attention keys/values for the prefix decoded so far
-and the cross-attention keys/values of the encoder output, computed once per source,
-with the source padding as `cross_bias`, -inf where a key is padding and 0 elsewhere,
-one row per head: the step adds it to the scores in the same product that computes
-them. Beam search reorders the cache by an explicit index after every step.
+and the cross-attention keys/values of the encoder output, computed once per source.
+Beam search reorders the rows after every step by an explicit index. How that reorder
+is paid for decides the layout, and the layout decides how attention is computed, so
+the two live together here, in two forms:
 
-The tensors are held in `dtype`, which need not be the model's: on a CPU the decoder
-attends in float32 even when its matrices are bf16, because one-query attention is a
-handful of tiny batched products, and oneDNN's bf16 kernels spend 5-7x longer on those
-than the float32 ones do (measured in BENCHMARKS.md). The prefix grows into a new
-tensor every step rather than into a preallocated buffer: a slice of a larger buffer is
-not contiguous, and batched products over such slices measured 1.4-4x slower than over
-a contiguous prefix, which costs more than the copy it saves. Search's reorder of the
-rows is deferred to that copy (`pending`), so the prefix is copied once a step.
+- `DecoderCache` (every model, the reference): each row's prefix is one contiguous
+  (B, h, L, d) tensor, attended by PyTorch's batched products, and a reorder copies the
+  prefix to its new rows. It holds float32 even when the model is bf16, because
+  one-query attention is a handful of tiny batched products and oneDNN's bf16 kernels
+  spend 5-7x longer on those than its float32 ones (measured in BENCHMARKS.md). The
+  prefix grows into a new tensor every step rather than into a preallocated buffer: a
+  slice of a larger buffer is not contiguous, and batched products over such slices
+  measured 1.4-4x slower than over a contiguous prefix, which costs more than the copy
+  it saves. The reorder is deferred to that copy (`pending`): one copy a step.
+- `SlotCache` (bf16 and int8 models on the compiled module's kernels): keys/values stay
+  where they were written, in bf16, and a small table of back-pointers says where each
+  row's ancestors are; the module's attention kernel (csrc/attention.cpp) reads them
+  there. A reorder moves the table, not the keys; sources are shared by their beams.
+  fp32 models keep the reference form: the kernel sums in another order, and their
+  outputs are promised identical to PyTorch's arithmetic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Protocol, TypeAlias
 
 import torch
 from torch import Tensor
+
+
+class AttentionCache(Protocol):
+    """What a decoder layer's attention asks of its cache, in either layout."""
+
+    def attend_self(
+        self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Append this step's k, v (B, h * d) and attend the whole prefix with q (B, h * d_k):
+        -> context (B, h * d_v) in q's dtype, and the weights (B, h, 1, L) when asked."""
+        ...
+
+    def has_memory(self) -> bool: ...
+
+    def store_memory(self, k: Tensor, v: Tensor, key_mask: Tensor) -> None:
+        """The encoder output's keys/values (B, h, S, d) and its key mask (B, 1, 1, S)."""
+        ...
+
+    def attend_memory(self, q: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]: ...
 
 
 @dataclass
@@ -29,6 +58,7 @@ class LayerCache:
     """Tensors are (B, h, L, d): B rows of the (flattened) batch x beam."""
 
     dtype: torch.dtype
+    heads: int
     self_k: Tensor | None = None
     self_v: Tensor | None = None
     # Rows of self_k/self_v the next step continues (search's reorder, applied as the
@@ -39,7 +69,7 @@ class LayerCache:
     cross_bias: Tensor | None = None  # (B, h, 1, S); None when no source has padding
 
     def append_self(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add this step's keys/values and return the whole prefix's, in the cache dtype."""
+        """Add this step's keys/values (B, h, 1, d) and return the whole prefix's."""
         if self.self_k is None or self.self_v is None:
             k, v = k.to(self.dtype).contiguous(), v.to(self.dtype).contiguous()
         else:
@@ -48,6 +78,48 @@ class LayerCache:
             self.pending = None
         self.self_k, self.self_v = k, v
         return k, v
+
+    def attend_self(
+        self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        b, h = q.size(0), self.heads
+        keys, values = self.append_self(k.view(b, h, 1, -1), v.view(b, h, 1, -1))
+        return self._attend(q, keys, values, None, need_weights)
+
+    def has_memory(self) -> bool:
+        return self.cross_k is not None
+
+    def store_memory(self, k: Tensor, v: Tensor, key_mask: Tensor) -> None:
+        self.cross_k = k.to(self.dtype).contiguous()
+        self.cross_v = v.to(self.dtype).contiguous()
+        if not bool(key_mask.all()):
+            b, keys = key_mask.size(0), key_mask.size(-1)
+            bias = torch.zeros(b, self.heads, 1, keys, dtype=self.dtype, device=k.device)
+            self.cross_bias = bias.masked_fill_(~key_mask, float("-inf"))
+
+    def attend_memory(self, q: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        assert self.cross_k is not None and self.cross_v is not None, "no memory stored"
+        return self._attend(q, self.cross_k, self.cross_v, self.cross_bias, need_weights)
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """softmax(QK^T / sqrt(d_k)) V as two small batched products in the cache's dtype,
+        which at one query per row beat the fused SDPA kernel on CPUs; the first product
+        also masks (`baddbmm`). Rows x heads are folded into one batch dimension (free
+        views of the contiguous cache): bmm directly, without matmul's reshapes."""
+        b, h, keys, d_k = k.shape
+        bh = b * h
+        q = q.to(self.dtype).reshape(bh, 1, d_k)
+        k_t = k.view(bh, keys, d_k).transpose(1, 2)
+        scale = 1.0 / math.sqrt(d_k)
+        if bias is None:
+            scores = torch.bmm(q, k_t).mul_(scale)
+        else:
+            scores = torch.baddbmm(bias.view(bh, 1, keys), q, k_t, alpha=scale)
+        weights = scores.softmax(-1)
+        ctx = torch.bmm(weights, v.view(bh, keys, v.size(-1))).view(b, -1)
+        return ctx, weights.view(b, h, 1, keys) if need_weights else None
 
     def reorder(self, index: Tensor, cross: bool) -> None:
         if self.self_k is not None:
@@ -83,8 +155,8 @@ class DecoderCache:
     length: int = 0  # positions already decoded; the next step's position index
 
     @classmethod
-    def empty(cls, n_layers: int, dtype: torch.dtype) -> DecoderCache:
-        return cls([LayerCache(dtype) for _ in range(n_layers)])
+    def empty(cls, n_layers: int, dtype: torch.dtype, heads: int) -> DecoderCache:
+        return cls([LayerCache(dtype, heads) for _ in range(n_layers)])
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
         """Keep rows `index` (B',) of every cached tensor, in that order.
@@ -95,3 +167,128 @@ class DecoderCache:
         """
         for layer in self.layers:
             layer.reorder(index, cross)
+
+
+@dataclass
+class SlotLayer:
+    """One layer's part of a SlotCache."""
+
+    owner: SlotCache
+    self_k: Tensor | None = None  # (W, T, h, d_k): step s of slot w at [w, s]
+    self_v: Tensor | None = None  # (W, T, h, d_v)
+    cross_k: Tensor | None = None  # (N, S, h, d_k): one per source, not per beam
+    cross_v: Tensor | None = None
+    cross_bias: Tensor | None = None  # (N, S) float32, -inf at padding; None: no padding
+
+    def attend_self(
+        self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        owner = self.owner
+        b, position = q.size(0), owner.length
+        slots = owner.prepare(b)
+        assert self.self_k is not None and self.self_v is not None
+        self.self_k[:b, position].copy_(k.view(b, owner.heads, -1))
+        self.self_v[:b, position].copy_(v.view(b, owner.heads, -1))
+        weights = owner.weights_out(b, position + 1) if need_weights else None
+        ctx = owner.kernel.attend_prefix(
+            q, self.self_k, self.self_v, slots, position + 1, owner.scale, weights
+        )
+        return ctx, None if weights is None else weights.unsqueeze(2)
+
+    def has_memory(self) -> bool:
+        return self.cross_k is not None
+
+    def store_memory(self, k: Tensor, v: Tensor, key_mask: Tensor) -> None:
+        owner = self.owner
+        self.cross_k = k.transpose(1, 2).to(owner.dtype).contiguous()
+        self.cross_v = v.transpose(1, 2).to(owner.dtype).contiguous()
+        if not bool(key_mask.all()):
+            mask = key_mask.view(key_mask.size(0), -1)
+            bias = torch.zeros(mask.shape, dtype=torch.float32)
+            self.cross_bias = bias.masked_fill_(~mask, float("-inf"))
+        if owner.sources is None:
+            owner.sources = torch.arange(k.size(0))
+
+    def attend_memory(self, q: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        owner = self.owner
+        assert self.cross_k is not None and self.cross_v is not None, "no memory stored"
+        assert owner.sources is not None
+        keys = self.cross_k.size(1)
+        weights = owner.weights_out(q.size(0), keys) if need_weights else None
+        ctx = owner.kernel.attend_memory(
+            q, self.cross_k, self.cross_v, owner.sources, self.cross_bias, owner.scale, weights
+        )
+        return ctx, None if weights is None else weights.unsqueeze(2)
+
+
+@dataclass
+class SlotCache:
+    """Keys/values that never move, for the compiled module's attention kernel (CPUs).
+
+    Row r of a step writes its keys into slot r at that step's position. `slots[r, s]`
+    is the slot where row r's ancestor of step s wrote them; search's reorder only
+    selects rows of this table. Column `length` is set to row ids just before each step
+    (the step's own keys are in slot r), so that a reorder after the step gives the new
+    rows their parents' slots. Buffers double in steps as the output grows and widen to
+    the largest row count seen (beam search's first reorder, from sentences to beams).
+    """
+
+    kernel: ModuleType
+    heads: int
+    d_k: int
+    d_v: int
+    n_layers: int
+    dtype: torch.dtype = torch.bfloat16
+    layers: list[SlotLayer] = field(default_factory=list)
+    slots: Tensor | None = None  # (B, capacity) int64
+    sources: Tensor | None = None  # (B,) int64: each row's source in the cross tensors
+    length: int = 0
+    steps: int = 0  # capacity of the buffers and the table, in steps
+
+    def __post_init__(self) -> None:
+        self.layers = [SlotLayer(self) for _ in range(self.n_layers)]
+        self.scale = 1.0 / math.sqrt(self.d_k)
+        self._prepared = -1
+
+    def prepare(self, rows: int) -> Tensor:
+        """Make room for this step's keys of `rows` rows (once per step, for all layers)
+        and return the slot table for it."""
+        if self._prepared == self.length and self.slots is not None:
+            return self.slots
+        width = 0 if self.layers[0].self_k is None else self.layers[0].self_k.size(0)
+        if rows > width or self.length >= self.steps:
+            more = self.length >= self.steps
+            self._grow(max(rows, width), max(16, 2 * self.steps) if more else self.steps, rows)
+        assert self.slots is not None
+        self.slots[:, self.length].copy_(torch.arange(rows))
+        self._prepared = self.length
+        return self.slots
+
+    def _grow(self, width: int, steps: int, rows: int) -> None:
+        for layer in self.layers:
+            for name, d in (("self_k", self.d_k), ("self_v", self.d_v)):
+                old: Tensor | None = getattr(layer, name)
+                new = torch.zeros(width, steps, self.heads, d, dtype=self.dtype)
+                if old is not None:
+                    new[: old.size(0), : old.size(1)].copy_(old)
+                setattr(layer, name, new)
+        table = torch.arange(rows).unsqueeze(1).repeat(1, steps)
+        if self.slots is not None:
+            table[:, : self.slots.size(1)].copy_(self.slots)
+        self.slots, self.steps = table, steps
+
+    def weights_out(self, rows: int, keys: int) -> Tensor:
+        return torch.empty(rows, self.heads, keys, dtype=torch.float32)
+
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Keep rows `index` (B',) in that order: their back-pointers and sources move,
+        the keys stay. With cross=False rows stay within their sentence (search's word
+        for beams reordering), so the sources cannot change."""
+        if self.slots is not None:
+            self.slots = self.slots.index_select(0, index)
+        if cross and self.sources is not None:
+            self.sources = self.sources.index_select(0, index)
+
+
+# Either cache: what Transformer.new_cache makes, decode_step advances and search reorders.
+StepCache: TypeAlias = DecoderCache | SlotCache

@@ -33,15 +33,15 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from nmt_cli.core.cache import DecoderCache
+from nmt_cli.core.cache import SlotCache, StepCache
 from nmt_cli.core.decode_linear import Int8Linear, PackedLinear
 from nmt_cli.core.search import CandidateSelect, torch_select
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
 _CSRC = Path(__file__).with_name("csrc")
-_NAMES = ("decoder_step", "bf16_linear", "int8_linear", "beam_topk", "log_softmax")
+_NAMES = ("decoder_step", "bf16_linear", "int8_linear", "beam_topk", "log_softmax", "attention")
 SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
-HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles")]
+HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles", "simd_exp")]
 
 
 STALE_LOCK_SECONDS = 600
@@ -180,9 +180,23 @@ class CompiledStep:
             }
         )
 
-    def __call__(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+    def __call__(self, tokens: Tensor, cache: StepCache) -> Tensor:
         """(B,) newest tokens -> log-probabilities (B, V); the cache advances one position."""
-        state: list[Tensor | None] = []
+        if isinstance(cache, SlotCache):
+            slots = cache.prepare(tokens.size(0))
+            state: list[Tensor | None] = []
+            for slot_layer in cache.layers:
+                state += (
+                    slot_layer.self_k,
+                    slot_layer.self_v,
+                    slot_layer.cross_k,
+                    slot_layer.cross_v,
+                    slot_layer.cross_bias,
+                )
+            lprobs = self.kernel.step_slots(tokens, cache.length, state, slots, cache.sources)
+            cache.length += 1
+            return cast(Tensor, lprobs)
+        state = []
         for layer in cache.layers:
             state += (
                 layer.self_k,
@@ -211,9 +225,15 @@ def prepare_kernel(on_compile: Callable[[], None] = lambda: None) -> ModuleType:
 def attach_compiled_steps(models: list[Transformer], kernel: ModuleType) -> None:
     """Give each CPU model the compiled step (`Transformer.compiled_step`). Its linear
     layers should be specialised with the same `kernel` first (specialise_linears), so
-    the Python step, used for the first step and for attention, computes the same."""
+    the Python step, used for the first step and for attention, computes the same.
+    Models whose output projection runs on the module's kernels (bf16, int8) also get
+    its attention kernel, and with it the SlotCache (core/cache.py); fp32 models keep
+    PyTorch's attention, whose arithmetic their outputs are promised to match."""
     for model in models:
         model.compiled_step = CompiledStep(model, kernel)
+        on_module = getattr(model.projection, "kernel", None) is not None
+        if on_module and kernel.attention_kernel_available():
+            model.attention_kernel = kernel
 
 
 def candidate_select(model: nn.Module) -> CandidateSelect:

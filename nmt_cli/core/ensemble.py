@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from nmt_cli.core.cache import DecoderCache
+from nmt_cli.core.cache import StepCache
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import Vocab, VocabPair
 from nmt_cli.errors import NmtError
@@ -29,9 +29,9 @@ from nmt_cli.errors import NmtError
 
 @dataclass
 class EnsembleCache:
-    """One DecoderCache per member, reordered together."""
+    """One cache per member, reordered together."""
 
-    members: list[DecoderCache]
+    members: list[StepCache]
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
         for cache in self.members:

@@ -13,8 +13,9 @@ from every real position; source padding is masked explicitly with a key mask.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import cast
 
 import torch
@@ -28,7 +29,7 @@ from nmt_cli.core.attention_kernels import (
     mask_kind,
     sdpa_backends,
 )
-from nmt_cli.core.cache import DecoderCache, LayerCache
+from nmt_cli.core.cache import AttentionCache, DecoderCache, SlotCache, StepCache
 from nmt_cli.core.decode_linear import linear, linear_add, linear_relu, log_probs
 from nmt_cli.core.dropout import Dropout
 from nmt_cli.core.model_config import ModelConfig, PositionKind
@@ -170,7 +171,7 @@ class MultiHeadAttention(nn.Module):
     def step(
         self,
         x: Tensor,
-        cache: LayerCache,
+        cache: AttentionCache,
         residual: Tensor,
         memory: Tensor | None = None,
         key_mask: Tensor | None = None,
@@ -183,49 +184,22 @@ class MultiHeadAttention(nn.Module):
         Self-attention appends this position's keys/values to the cache and attends over
         the whole prefix (no causal mask: the newest position may see every cached key).
         Cross-attention projects `memory` on the first step and reads the cache after.
-        softmax(QK^T / sqrt(d_k)) V is written out as two small batched products in the
-        cache's dtype (see core/cache.py), which at one query per row beat the fused SDPA
-        kernel on CPUs; the first product also masks (`baddbmm`), and the output
-        projection adds the residual (core/decode_linear.linear_add): a step is mostly
-        per-operation overhead, so every operation saved counts.
+        The cache computes the attention itself, the way its layout wants
+        (core/cache.py), and the output projection adds the residual
+        (core/decode_linear.linear_add): a step is mostly per-operation overhead, so
+        every operation saved counts.
         """
-        b, h = x.size(0), self.h
-        bias: Tensor | None = None
         if self.self_attention:
-            sizes = [h * self.d_k] * 2 + [h * self.d_v]  # (split_with_sizes: the op itself,
-            q, k, v = linear(self.qkv, x).split_with_sizes(sizes, dim=-1)  # not Tensor.split)
-            k, v = cache.append_self(k.view(b, h, 1, self.d_k), v.view(b, h, 1, self.d_v))
+            sizes = [self.h * self.d_k] * 2 + [self.h * self.d_v]  # (split_with_sizes: the
+            q, k, v = linear(self.qkv, x).split_with_sizes(sizes, dim=-1)  # op itself)
+            ctx, weights = cache.attend_self(q, k, v, need_weights)
         else:
             q = linear(self.q, x)
-            if cache.cross_k is None or cache.cross_v is None:
+            if not cache.has_memory():
                 assert memory is not None and key_mask is not None, "the first step needs them"
-                self._cache_memory(cache, memory, key_mask)
-            assert cache.cross_k is not None and cache.cross_v is not None
-            k, v, bias = cache.cross_k, cache.cross_v, cache.cross_bias
-        # Rows x heads folded into one batch dimension (free views of the contiguous
-        # cache): bmm directly, without matmul's reshapes of 4-d operands.
-        bh, keys = b * h, k.size(2)
-        q = q.to(cache.dtype).reshape(bh, 1, self.d_k)
-        k_t = k.view(bh, keys, self.d_k).transpose(1, 2)
-        scale = 1.0 / math.sqrt(self.d_k)
-        if bias is None:
-            scores = torch.bmm(q, k_t).mul_(scale)
-        else:
-            scores = torch.baddbmm(bias.view(bh, 1, keys), q, k_t, alpha=scale)
-        weights = scores.softmax(-1)
-        ctx = torch.bmm(weights, v.view(bh, keys, self.d_v)).view(b, h * self.d_v)
-        out = linear_add(self.out, ctx.to(x.dtype), residual)
-        return out, weights.view(b, h, 1, keys) if need_weights else None
-
-    def _cache_memory(self, cache: LayerCache, memory: Tensor, key_mask: Tensor) -> None:
-        """The encoder output's keys/values, and the padding as a score bias, in the cache."""
-        k, v = self.project_kv(memory)
-        cache.cross_k = k.to(cache.dtype).contiguous()
-        cache.cross_v = v.to(cache.dtype).contiguous()
-        if not bool(key_mask.all()):
-            b, keys = key_mask.size(0), key_mask.size(-1)
-            bias = torch.zeros(b, self.h, 1, keys, dtype=cache.dtype, device=memory.device)
-            cache.cross_bias = bias.masked_fill_(~key_mask, float("-inf"))
+                cache.store_memory(*self.project_kv(memory), key_mask)
+            ctx, weights = cache.attend_memory(q, need_weights)
+        return linear_add(self.out, ctx.to(x.dtype), residual), weights
 
     def _explicit(
         self,
@@ -318,7 +292,7 @@ class DecoderLayer(nn.Module):
         y: Tensor,
         memory: Tensor,
         src_mask: Tensor,
-        cache: LayerCache,
+        cache: AttentionCache,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """`forward` for one new position per row, y (B, D), continuing the cached prefix;
@@ -363,7 +337,10 @@ class Transformer(nn.Module):
         self.projection: nn.Module | None = None
         # A decode-only replacement of decode_step after the first step, on CPUs: the
         # same operations as one C++ call (core/compiled_step.py).
-        self.compiled_step: Callable[[Tensor, DecoderCache], Tensor] | None = None
+        self.compiled_step: Callable[[Tensor, StepCache], Tensor] | None = None
+        # The compiled module, when its attention kernel decodes this model (bf16 and
+        # int8 on CPUs): new caches are SlotCaches (core/cache.py).
+        self.attention_kernel: ModuleType | None = None
         for name, p in self.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
@@ -449,19 +426,25 @@ class Transformer(nn.Module):
             if isinstance(module, MultiHeadAttention):
                 module.backend = policy
 
-    def new_cache(self) -> DecoderCache:
-        """An empty cache; on a CPU it attends in float32 whatever the model's dtype
-        (core/cache.py says why), elsewhere in the model's dtype."""
+    def new_cache(self) -> StepCache:
+        """An empty cache (core/cache.py): a SlotCache for the attention kernel when the
+        model has one; otherwise on a CPU it attends in float32 whatever the model's
+        dtype, elsewhere in the model's dtype."""
+        first = cast(DecoderLayer, self.decoder[0]).self_attn
+        if self.attention_kernel is not None:
+            return SlotCache(
+                self.attention_kernel, first.h, first.d_k, first.d_v, len(self.decoder)
+            )
         weight = self.output_weight
         dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
-        return DecoderCache.empty(len(self.decoder), dtype)
+        return DecoderCache.empty(len(self.decoder), dtype, first.h)
 
     def decode_step(
         self,
         last_tokens: Tensor,
         memory: Tensor,
         src_mask: Tensor,
-        cache: DecoderCache,
+        cache: StepCache,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None]:
         """One decoding step: (B,) newest tokens -> log-probabilities (B, V) of the next.
@@ -477,7 +460,8 @@ class Transformer(nn.Module):
         y = self.tgt_embed.step(last_tokens, cache.length)
         own: list[Tensor] = []
         cross: list[Tensor] = []
-        for layer, layer_cache in zip(self.decoder, cache.layers, strict=True):
+        layer_caches: Sequence[AttentionCache] = cache.layers
+        for layer, layer_cache in zip(self.decoder, layer_caches, strict=True):
             step = cast(DecoderLayer, layer).step
             y, self_w, cross_w = step(y, memory, src_mask, layer_cache, need_weights)
             if self_w is not None and cross_w is not None:

@@ -9,6 +9,7 @@
 // Any change to the Python step must be made here too; the tests compare the two.
 #include <torch/extension.h>
 
+#include "attention.h"
 #include "beam_topk.h"
 #include "bf16_linear.h"
 #include "int8_linear.h"
@@ -170,48 +171,84 @@ class DecoderStep {
   }
 
   // ids (B,) at `position` -> [log-probabilities (B, V) in float32, then per layer the
-  // new self-attention keys and values (B, h, position + 1, d)]. `cache` holds per layer
-  // self_k, self_v, pending rows, cross_k, cross_v, cross_bias; the cross-attention
-  // tensors must already be there (the Python step computes them on the first step).
+  // new self-attention keys and values (B, h, position + 1, d)], over core/cache.py's
+  // DecoderCache. `cache` holds per layer self_k, self_v, pending rows, cross_k, cross_v,
+  // cross_bias; the cross-attention tensors must already be there (the Python step
+  // computes them on the first step).
   std::vector<Tensor> step(const Tensor& ids, int64_t position,
                            const std::vector<OptTensor>& cache) const {
     c10::InferenceMode guard;
-    const int64_t rows = ids.size(0), bh = rows * heads_;
-    const int64_t qk = heads_ * d_k_, vdim = heads_ * d_v_;
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
-    Tensor y = at::add(at::embedding(tokens_, ids).mul(embed_scale_),
-                       positions_.narrow(0, position, 1));
     std::vector<Tensor> result{Tensor()};
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& layer = layers_[l];
+    const int64_t rows = ids.size(0), bh = rows * heads_;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
+    const auto self_attention = [&](size_t l, const Tensor& q, const Tensor& k_new,
+                                    const Tensor& v_new) {
       const OptTensor* c = &cache[l * 6];
-      const Tensor& self_k = *c[0];
-      const Tensor& self_v = *c[1];
-      const Tensor& cross_k = *c[3];
-      const Tensor& cross_v = *c[4];
-      const at::ScalarType dtype = cross_k.scalar_type();
-      // Self-attention over the cached prefix plus this position.
-      const auto qkv = layer.qkv(y).split_with_sizes({qk, qk, vdim}, -1);
-      Tensor k = gather_append(self_k, c[2], qkv[1].view({rows, heads_, 1, d_k_}));
-      Tensor v = gather_append(self_v, c[2], qkv[2].view({rows, heads_, 1, d_v_}));
-      int64_t keys = k.size(2);
-      Tensor q = qkv[0].to(dtype).reshape({bh, 1, d_k_});
-      Tensor scores = at::bmm(q, k.view({bh, keys, d_k_}).transpose(1, 2)).mul_(scale);
-      Tensor ctx = at::bmm(scores.softmax(-1), v.view({bh, keys, d_v_})).view({rows, vdim});
-      y = layer.self_out.add(ctx.to(y.scalar_type()), y);
-      y = at::layer_norm(y, {y.size(1)}, layer.norm1.weight, layer.norm1.bias, eps_);
+      Tensor k = gather_append(*c[0], c[2], k_new.view({rows, heads_, 1, d_k_}));
+      Tensor v = gather_append(*c[1], c[2], v_new.view({rows, heads_, 1, d_v_}));
+      const int64_t keys = k.size(2);
+      Tensor qh = q.to(k.scalar_type()).reshape({bh, 1, d_k_});
+      Tensor scores = at::bmm(qh, k.view({bh, keys, d_k_}).transpose(1, 2)).mul_(scale);
       result.push_back(k);
       result.push_back(v);
-      // Cross-attention over the cached encoder keys and values.
-      keys = cross_k.size(2);
-      q = layer.cross_q(y).to(dtype).reshape({bh, 1, d_k_});
+      return at::bmm(scores.softmax(-1), v.view({bh, keys, d_v_})).view({rows, heads_ * d_v_});
+    };
+    const auto cross_attention = [&](size_t l, const Tensor& q_in) {
+      const OptTensor* c = &cache[l * 6];
+      const Tensor& cross_k = *c[3];
+      const Tensor& cross_v = *c[4];
+      const int64_t keys = cross_k.size(2);
+      Tensor q = q_in.to(cross_k.scalar_type()).reshape({bh, 1, d_k_});
       Tensor k_t = cross_k.view({bh, keys, d_k_}).transpose(1, 2);
-      if (c[5].has_value()) {
-        scores = at::baddbmm(c[5]->view({bh, 1, keys}), q, k_t, 1.0, scale);
-      } else {
-        scores = at::bmm(q, k_t).mul_(scale);
-      }
-      ctx = at::bmm(scores.softmax(-1), cross_v.view({bh, keys, d_v_})).view({rows, vdim});
+      Tensor scores = c[5].has_value() ? at::baddbmm(c[5]->view({bh, 1, keys}), q, k_t, 1.0, scale)
+                                       : at::bmm(q, k_t).mul_(scale);
+      return at::bmm(scores.softmax(-1), cross_v.view({bh, keys, d_v_})).view({rows, heads_ * d_v_});
+    };
+    result[0] = forward(ids, position, self_attention, cross_attention);
+    return result;
+  }
+
+  // The same over core/cache.py's SlotCache, with the module's attention kernel: `layers`
+  // holds per layer self_k, self_v (W, T, h, d) written here in place, cross_k, cross_v
+  // (N, S, h, d) and cross_bias; `slots` and `sources` are the cache's tables, already
+  // prepared for this step. -> log-probabilities (B, V) in float32.
+  Tensor step_slots(const Tensor& ids, int64_t position, const std::vector<OptTensor>& layers,
+                    const Tensor& slots, const Tensor& sources) const {
+    c10::InferenceMode guard;
+    const int64_t rows = ids.size(0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
+    const auto self_attention = [&](size_t l, const Tensor& q, const Tensor& k_new,
+                                    const Tensor& v_new) {
+      const Tensor& keys = *layers[l * 5];
+      const Tensor& values = *layers[l * 5 + 1];
+      keys.select(1, position).narrow(0, 0, rows).copy_(k_new.view({rows, heads_, d_k_}));
+      values.select(1, position).narrow(0, 0, rows).copy_(v_new.view({rows, heads_, d_v_}));
+      return nmt::attend_prefix(q, keys, values, slots, position + 1, scale, std::nullopt);
+    };
+    const auto cross_attention = [&](size_t l, const Tensor& q) {
+      const OptTensor* c = &layers[l * 5 + 2];
+      return nmt::attend_memory(q, *c[0], *c[1], sources, c[2], scale, std::nullopt);
+    };
+    return forward(ids, position, self_attention, cross_attention);
+  }
+
+ private:
+  // The layers and the output projection around the two attentions, which depend on the
+  // cache's layout: self_attention(layer, q, k, v) and cross_attention(layer, q) return
+  // the context (B, h * d_v).
+  template <typename Self, typename Cross>
+  Tensor forward(const Tensor& ids, int64_t position, const Self& self_attention,
+                 const Cross& cross_attention) const {
+    const int64_t qk = heads_ * d_k_, vdim = heads_ * d_v_;
+    Tensor y = at::add(at::embedding(tokens_, ids).mul(embed_scale_),
+                       positions_.narrow(0, position, 1));
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& layer = layers_[l];
+      const auto qkv = layer.qkv(y).split_with_sizes({qk, qk, vdim}, -1);
+      Tensor ctx = self_attention(l, qkv[0], qkv[1], qkv[2]);
+      y = layer.self_out.add(ctx.to(y.scalar_type()), y);
+      y = at::layer_norm(y, {y.size(1)}, layer.norm1.weight, layer.norm1.bias, eps_);
+      ctx = cross_attention(l, layer.cross_q(y));
       y = layer.cross_out.add(ctx.to(y.scalar_type()), y);
       y = at::layer_norm(y, {y.size(1)}, layer.norm2.weight, layer.norm2.bias, eps_);
       y = layer.ff2.add(layer.ff1.relu(y), y);
@@ -219,12 +256,10 @@ class DecoderStep {
     }
     // As Transformer.decode_step (decode_linear.log_probs): the module's log-softmax after
     // a projection on its kernels (bf16, int8), PyTorch's otherwise (fp32 models).
-    result[0] = projection_.uses_module() ? nmt::fast_log_softmax(projection_(y))
-                                          : at::log_softmax(projection_(y), -1, at::kFloat);
-    return result;
+    return projection_.uses_module() ? nmt::fast_log_softmax(projection_(y))
+                                     : at::log_softmax(projection_(y), -1, at::kFloat);
   }
 
- private:
   int64_t heads_, d_k_, d_v_;
   double eps_, embed_scale_;
   Tensor tokens_, positions_;
@@ -237,7 +272,8 @@ class DecoderStep {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecoderStep>(m, "DecoderStep")
       .def(py::init<const py::dict&>())
-      .def("step", &DecoderStep::step);
+      .def("step", &DecoderStep::step)
+      .def("step_slots", &DecoderStep::step_slots);
   m.def("bf16_kernel_available", &nmt::bf16_kernel_available);
   m.def("pack_bf16", &nmt::pack_bf16);
   m.def("packed_linear", &nmt::packed_linear);
@@ -246,4 +282,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_int8", &nmt::pack_int8);
   m.def("int8_linear", &nmt::int8_linear);
   m.def("fast_log_softmax", &nmt::fast_log_softmax);
+  m.def("attention_kernel_available", &nmt::attention_kernel_available);
+  m.def("attend_prefix", &nmt::attend_prefix);
+  m.def("attend_memory", &nmt::attend_memory);
 }

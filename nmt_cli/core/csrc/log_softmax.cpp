@@ -16,32 +16,14 @@
 #include <cstdint>
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "simd_exp.h"
 
 namespace nmt {
 namespace {
 
-#define NMT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+using simd::exp_nonpositive;
 
-// exp(x) for x <= 0: 2^k exp(r) with k = round(x / ln 2), r = x - k ln 2 (in two parts),
-// exp(r) by a degree-6 polynomial on |r| <= ln 2 / 2; below -87.3 the result is 0.
-NMT_AVX512 inline __m512 exp_nonpositive(__m512 x) {
-  const __m512 floor = _mm512_set1_ps(-87.3f);
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, floor);
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(p, k));
-}
+#define NMT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 template <typename T>
 NMT_AVX512 inline __m512 load(const T* p, __mmask16 mask);
@@ -63,20 +45,20 @@ NMT_AVX512 void row(const T* x, int64_t n, float* out) {
   constexpr int64_t kLanes = 16;
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (int64_t i = 0; i < n; i += kLanes) {
-    const __mmask16 mask = n - i >= kLanes ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 mask = simd::first_lanes(n - i);
     vmax = _mm512_max_ps(vmax, load(x + i, mask));
   }
   const float max = _mm512_reduce_max_ps(vmax);
   const __m512 shift = _mm512_set1_ps(max);
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += kLanes) {
-    const __mmask16 mask = n - i >= kLanes ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 mask = simd::first_lanes(n - i);
     const __m512 e = exp_nonpositive(_mm512_sub_ps(load(x + i, mask), shift));
     vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
   }
   const __m512 lse = _mm512_set1_ps(max + std::log(_mm512_reduce_add_ps(vsum)));
   for (int64_t i = 0; i < n; i += kLanes) {
-    const __mmask16 mask = n - i >= kLanes ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 mask = simd::first_lanes(n - i);
     _mm512_mask_storeu_ps(out + i, mask, _mm512_sub_ps(load(x + i, mask), lse));
   }
 }

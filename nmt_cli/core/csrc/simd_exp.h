@@ -1,0 +1,37 @@
+// exp(x) for x <= 0 on 16 floats at once, shared by the kernels that need a softmax
+// (log_softmax.cpp, attention.cpp): 2^k exp(r) with k = round(x / ln 2), r = x - k ln 2
+// (in two parts), exp(r) by a degree-6 polynomial on |r| <= ln 2 / 2, accurate to about
+// 2 ulp; below -87.3 the result is 0.
+#pragma once
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+namespace nmt::simd {
+
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 floor = _mm512_set1_ps(-87.3f);
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, floor);
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(p, k));
+}
+
+// The mask of the first `n` of 16 lanes (all of them from 16 up).
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+}  // namespace nmt::simd
+
+#endif
