@@ -168,6 +168,9 @@ class DecoderCache:
         for layer in self.layers:
             layer.reorder(index, cross)
 
+    def reserve(self, steps: int) -> None:
+        """Nothing to do: the prefix is a new tensor every step."""
+
 
 @dataclass
 class SlotLayer:
@@ -248,7 +251,14 @@ class SlotCache:
     def __post_init__(self) -> None:
         self.layers = [SlotLayer(self) for _ in range(self.n_layers)]
         self.scale = 1.0 / math.sqrt(self.d_k)
+        self.reserved = 0
         self._prepared = -1
+
+    def reserve(self, steps: int) -> None:
+        """Allocate the buffers for `steps` positions when they are first needed: no
+        regrowth and copying later. Untouched memory costs nothing (the kernel never
+        commits pages no step wrote), so the search's length limit is affordable."""
+        self.reserved = steps
 
     def prepare(self, rows: int) -> Tensor:
         """Make room for this step's keys of `rows` rows (once per step, for all layers)
@@ -257,8 +267,10 @@ class SlotCache:
             return self.slots
         width = 0 if self.layers[0].self_k is None else self.layers[0].self_k.size(0)
         if rows > width or self.length >= self.steps:
-            more = self.length >= self.steps
-            self._grow(max(rows, width), max(16, 2 * self.steps) if more else self.steps, rows)
+            steps = self.steps
+            if self.length >= steps:
+                steps = max(32, self.reserved, 2 * steps)
+            self._grow(max(rows, width), steps, rows)
         assert self.slots is not None
         self.slots[:, self.length].copy_(torch.arange(rows))
         self._prepared = self.length
@@ -268,9 +280,10 @@ class SlotCache:
         for layer in self.layers:
             for name, d in (("self_k", self.d_k), ("self_v", self.d_v)):
                 old: Tensor | None = getattr(layer, name)
-                new = torch.zeros(width, steps, self.heads, d, dtype=self.dtype)
-                if old is not None:
-                    new[: old.size(0), : old.size(1)].copy_(old)
+                # Left uninitialised: the table only ever points at slots a step wrote.
+                new = torch.empty(width, steps, self.heads, d, dtype=self.dtype)
+                if old is not None:  # only the steps written so far
+                    new[: old.size(0), : self.length].copy_(old[:, : self.length])
                 setattr(layer, name, new)
         table = torch.arange(rows).unsqueeze(1).repeat(1, steps)
         if self.slots is not None:

@@ -37,6 +37,10 @@ class EnsembleCache:
         for cache in self.members:
             cache.reorder(index, cross)
 
+    def reserve(self, steps: int) -> None:
+        for cache in self.members:
+            cache.reserve(steps)
+
 
 class Ensemble(nn.Module):
     """Members in an nn.ModuleList, so `.to()`, `.eval()` and `.parameters()` reach all."""

@@ -57,6 +57,11 @@ class Hypothesis:
 class Cache(Protocol):
     def reorder(self, index: Tensor, cross: bool = True) -> None: ...
 
+    def reserve(self, steps: int) -> None:
+        """The most positions search will decode into it: a hint for caches that
+        allocate ahead (the others grow as they go)."""
+        ...
+
 
 class Searchable(Protocol):
     """What search needs of a model: the Transformer and the Ensemble have it, tests use
@@ -164,6 +169,7 @@ def greedy_search(
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
     limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
+    cache.reserve(int(limit.max()) + 1)
     first_limit = int(limit.min())  # no row reaches its limit before this step
     alive = torch.arange(n, device=device)  # original sentence of each row
     tokens = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
@@ -308,6 +314,7 @@ class _BeamSearch:
         src_mask = model.source_mask(src)
         memory = model.encode(src, src_mask)
         cache = model.new_cache()
+        cache.reserve(int(self.limit.max()) + 1)
 
         # Step 0: one row per sentence, since every beam starts from the same BOS.
         bos = torch.full((n,), BOS_ID, dtype=torch.long, device=device)

@@ -230,7 +230,10 @@ def test_each_step_and_its_cache_equal_the_python_step(kernel: ModuleType, preci
             assert got.dtype == torch.float32
             assert torch.equal(got, expected)
             for a, b in zip(python.layers, compiled.layers, strict=True):
-                assert torch.equal(a.self_k, b.self_k) and torch.equal(a.self_v, b.self_v)
+                # a SlotCache's buffers hold what the steps wrote, and garbage after that
+                written = (slice(None), slice(0, position + 1)) if slotted else (...,)
+                assert torch.equal(a.self_k[written], b.self_k[written])
+                assert torch.equal(a.self_v[written], b.self_v[written])
             assert python.length == compiled.length == position + 1
             tokens = got.argmax(-1)
             if position in (1, 2):  # two reorders in a row compose, then are applied once

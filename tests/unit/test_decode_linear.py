@@ -202,6 +202,9 @@ class _Prefixes:
     def reorder(self, index: Tensor, cross: bool = True) -> None:
         self.tokens, self.rows = self.tokens[index], self.rows[index]
 
+    def reserve(self, steps: int) -> None:
+        pass
+
 
 def test_float32_search_equals_recomputing_every_prefix(reverser: Transformer) -> None:
     """Three hundred sentences of a trained model, beam 4 with 4-best lists: the fast

@@ -40,6 +40,9 @@ class ScriptedCache:
         assert self.prefixes is not None
         self.prefixes = [self.prefixes[i] for i in index.tolist()]
 
+    def reserve(self, steps: int) -> None:
+        pass
+
 
 class ScriptedModel:
     """Next-token probabilities are a function of the prefix alone (like fairseq's

@@ -112,7 +112,7 @@ def test_steps_over_the_slot_cache_equal_steps_over_the_reference_cache(
     kernel: ModuleType,
 ) -> None:
     """Float32 slots, so that only the order of the sums differs: 40 steps (the buffers
-    grow past their first 16 and 32), the rows expand from sentences to beams as beam
+    grow past their first 32), the rows expand from sentences to beams as beam
     search's first reorder does, beams reorder within their sentence, and a sentence
     leaves the batch."""
     model = _model()
