@@ -18,6 +18,7 @@
 #include "attention.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <cmath>
 #include <cstdint>
@@ -279,6 +280,7 @@ bool attention_kernel_available() {
 at::Tensor attend_prefix(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                          const at::Tensor& slots, int64_t length, double scale,
                          const std::optional<at::Tensor>& weights) {
+  RECORD_FUNCTION("nmt::attend_prefix", std::vector<c10::IValue>());
   TORCH_CHECK(attention_kernel_available(), "attention kernel: this CPU lacks AVX-512");
   TORCH_CHECK(keys.dim() == 4 && length >= 1 && length <= keys.size(1), "attend_prefix: keys");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 2 && slots.stride(1) == 1 &&
@@ -292,6 +294,7 @@ at::Tensor attend_prefix(const at::Tensor& q, const at::Tensor& keys, const at::
 at::Tensor attend_memory(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                          const at::Tensor& sources, const std::optional<at::Tensor>& bias,
                          double scale, const std::optional<at::Tensor>& weights) {
+  RECORD_FUNCTION("nmt::attend_memory", std::vector<c10::IValue>());
   TORCH_CHECK(attention_kernel_available(), "attention kernel: this CPU lacks AVX-512");
   TORCH_CHECK(keys.dim() == 4 && sources.scalar_type() == at::kLong && sources.dim() == 1 &&
                   sources.is_contiguous() && sources.size(0) == q.size(0),

@@ -16,6 +16,7 @@
 #include "beam_topk.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <cmath>
 #include <limits>
@@ -25,6 +26,7 @@ namespace nmt {
 
 std::tuple<at::Tensor, at::Tensor> beam_topk(const at::Tensor& lprobs_in,
                                              const at::Tensor& cum_in, int64_t k) {
+  RECORD_FUNCTION("nmt::beam_topk", std::vector<c10::IValue>());
   TORCH_CHECK(lprobs_in.dim() == 2 && lprobs_in.scalar_type() == at::kFloat,
               "beam_topk: (rows, V) float32 log-probabilities");
   const at::Tensor lprobs = lprobs_in.contiguous();

@@ -11,6 +11,8 @@
 // bit for bit except where oneDNN splits a long K (rarely, in the last bit).
 #include "bf16_linear.h"
 
+#include <ATen/record_function.h>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
@@ -119,6 +121,7 @@ at::Tensor pack_bf16(const at::Tensor& weight) {
 at::Tensor bf16_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t n,
                        const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& residual_in, bool relu) {
+  RECORD_FUNCTION("nmt::bf16_linear", std::vector<c10::IValue>());
   TORCH_CHECK(bf16_kernel_available(), "bf16_linear: this CPU lacks AVX-512 BF16");
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kBFloat16, "bf16_linear: (M, K) bf16");
   const at::Tensor x = x_in.contiguous();

@@ -10,6 +10,7 @@
 // back out with the weights' column sums: y = (acc - 128 sum_k w) s_x s_w + b.
 #include "int8_linear.h"
 
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -150,6 +151,7 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
                        const at::Tensor& column_sum, int64_t n,
                        const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& residual_in, bool relu) {
+  RECORD_FUNCTION("nmt::int8_linear", std::vector<c10::IValue>());
   TORCH_CHECK(int8_kernel_available(), "int8_linear: this CPU lacks AVX-512 VNNI");
   TORCH_CHECK(x_in.scalar_type() == at::kFloat, "int8_linear: float32 input");
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(1, k);

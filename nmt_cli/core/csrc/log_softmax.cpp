@@ -11,6 +11,7 @@
 #include "log_softmax.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <cmath>
 #include <cstdint>
@@ -66,6 +67,7 @@ NMT_AVX512 void row(const T* x, int64_t n, float* out) {
 }  // namespace
 
 at::Tensor fast_log_softmax(const at::Tensor& logits_in) {
+  RECORD_FUNCTION("nmt::fast_log_softmax", std::vector<c10::IValue>());
   const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl");
   const auto dtype = logits_in.scalar_type();
