@@ -26,7 +26,7 @@ the two live together here, in two forms:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Protocol, TypeAlias
 
@@ -173,28 +173,85 @@ class DecoderCache:
 
 
 @dataclass
+class SlotTable:
+    """What the layers of a SlotCache share: the back-pointers, each row's source, the
+    position, the buffers' size. It is its own object so that the layers need no
+    reference to the cache holding them: that cycle kept each batch's buffers alive until
+    Python's cycle collector ran, and memory grew with the input."""
+
+    kernel: ModuleType
+    heads: int
+    d_k: int
+    d_v: int
+    dtype: torch.dtype
+    slots: Tensor | None = None  # (B, steps) int64
+    sources: Tensor | None = None  # (B,) int64: each row's source in the cross tensors
+    length: int = 0  # positions written
+    steps: int = 0  # positions the buffers hold
+    width: int = 0  # slots the buffers hold: the most rows a step had
+    reserved: int = 0  # the search's length limit, when it said
+    prepared: int = -1  # the position `slots` was last prepared for
+
+    def prepare(self, rows: int) -> Tensor:
+        """Make room for this step's `rows` rows and return the slot table for it."""
+        if self.prepared == self.length and self.slots is not None:
+            return self.slots
+        self.width = max(self.width, rows)
+        if self.length >= self.steps:
+            steps = max(32, self.reserved, 2 * self.steps)
+            table = torch.arange(rows).unsqueeze(1).repeat(1, steps)
+            if self.slots is not None:
+                table[:, : self.length].copy_(self.slots[:, : self.length])
+            self.slots, self.steps = table, steps
+        assert self.slots is not None
+        self.slots[:, self.length].copy_(torch.arange(rows))
+        self.prepared = self.length
+        return self.slots
+
+    def buffer(self, old: Tensor | None, d: int) -> Tensor:
+        """`old` (W, T, h, d) if it is as large as the table wants, else a larger one
+        with the steps written so far. Left uninitialised: the table only ever points at
+        slots a step wrote."""
+        if old is not None and old.size(0) >= self.width and old.size(1) >= self.steps:
+            return old
+        new = torch.empty(self.width, self.steps, self.heads, d, dtype=self.dtype)
+        if old is not None:
+            new[: old.size(0), : self.length].copy_(old[:, : self.length])
+        return new
+
+    def weights_out(self, rows: int, keys: int) -> Tensor:
+        return torch.empty(rows, self.heads, keys, dtype=torch.float32)
+
+
+@dataclass
 class SlotLayer:
     """One layer's part of a SlotCache."""
 
-    owner: SlotCache
+    table: SlotTable
     self_k: Tensor | None = None  # (W, T, h, d_k): step s of slot w at [w, s]
     self_v: Tensor | None = None  # (W, T, h, d_v)
     cross_k: Tensor | None = None  # (N, S, h, d_k): one per source, not per beam
     cross_v: Tensor | None = None
     cross_bias: Tensor | None = None  # (N, S) float32, -inf at padding; None: no padding
 
+    def make_room(self) -> tuple[Tensor, Tensor]:
+        """The buffers, grown to what the table was last prepared for."""
+        self.self_k = self.table.buffer(self.self_k, self.table.d_k)
+        self.self_v = self.table.buffer(self.self_v, self.table.d_v)
+        return self.self_k, self.self_v
+
     def attend_self(
         self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
-        owner = self.owner
-        b, position = q.size(0), owner.length
-        slots = owner.prepare(b)
-        assert self.self_k is not None and self.self_v is not None
-        self.self_k[:b, position].copy_(k.view(b, owner.heads, -1))
-        self.self_v[:b, position].copy_(v.view(b, owner.heads, -1))
-        weights = owner.weights_out(b, position + 1) if need_weights else None
-        ctx = owner.kernel.attend_prefix(
-            q, self.self_k, self.self_v, slots, position + 1, owner.scale, weights
+        table = self.table
+        b, position = q.size(0), table.length
+        slots = table.prepare(b)
+        keys, values = self.make_room()
+        keys[:b, position].copy_(k.view(b, table.heads, -1))
+        values[:b, position].copy_(v.view(b, table.heads, -1))
+        weights = table.weights_out(b, position + 1) if need_weights else None
+        ctx = table.kernel.attend_prefix(
+            q, keys, values, slots, position + 1, 1.0 / math.sqrt(table.d_k), weights
         )
         return ctx, None if weights is None else weights.unsqueeze(2)
 
@@ -202,29 +259,33 @@ class SlotLayer:
         return self.cross_k is not None
 
     def store_memory(self, k: Tensor, v: Tensor, key_mask: Tensor) -> None:
-        owner = self.owner
-        self.cross_k = k.transpose(1, 2).to(owner.dtype).contiguous()
-        self.cross_v = v.transpose(1, 2).to(owner.dtype).contiguous()
+        table = self.table
+        self.cross_k = k.transpose(1, 2).to(table.dtype).contiguous()
+        self.cross_v = v.transpose(1, 2).to(table.dtype).contiguous()
         if not bool(key_mask.all()):
             mask = key_mask.view(key_mask.size(0), -1)
             bias = torch.zeros(mask.shape, dtype=torch.float32)
             self.cross_bias = bias.masked_fill_(~mask, float("-inf"))
-        if owner.sources is None:
-            owner.sources = torch.arange(k.size(0))
+        if table.sources is None:
+            table.sources = torch.arange(k.size(0))
 
     def attend_memory(self, q: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        owner = self.owner
+        table = self.table
         assert self.cross_k is not None and self.cross_v is not None, "no memory stored"
-        assert owner.sources is not None
-        keys = self.cross_k.size(1)
-        weights = owner.weights_out(q.size(0), keys) if need_weights else None
-        ctx = owner.kernel.attend_memory(
-            q, self.cross_k, self.cross_v, owner.sources, self.cross_bias, owner.scale, weights
+        assert table.sources is not None
+        weights = table.weights_out(q.size(0), self.cross_k.size(1)) if need_weights else None
+        ctx = table.kernel.attend_memory(
+            q,
+            self.cross_k,
+            self.cross_v,
+            table.sources,
+            self.cross_bias,
+            1.0 / math.sqrt(table.d_k),
+            weights,
         )
         return ctx, None if weights is None else weights.unsqueeze(2)
 
 
-@dataclass
 class SlotCache:
     """Keys/values that never move, for the compiled module's attention kernel (CPUs).
 
@@ -232,75 +293,53 @@ class SlotCache:
     is the slot where row r's ancestor of step s wrote them; search's reorder only
     selects rows of this table. Column `length` is set to row ids just before each step
     (the step's own keys are in slot r), so that a reorder after the step gives the new
-    rows their parents' slots. Buffers double in steps as the output grows and widen to
-    the largest row count seen (beam search's first reorder, from sentences to beams).
+    rows their parents' slots. Buffers are sized to the search's length limit when it
+    says (`reserve`), else double as the output grows, and widen to the most rows a step
+    had (beam search's first reorder, from sentences to beams).
     """
 
-    kernel: ModuleType
-    heads: int
-    d_k: int
-    d_v: int
-    n_layers: int
-    dtype: torch.dtype = torch.bfloat16
-    layers: list[SlotLayer] = field(default_factory=list)
-    slots: Tensor | None = None  # (B, capacity) int64
-    sources: Tensor | None = None  # (B,) int64: each row's source in the cross tensors
-    length: int = 0
-    steps: int = 0  # capacity of the buffers and the table, in steps
+    def __init__(
+        self,
+        kernel: ModuleType,
+        heads: int,
+        d_k: int,
+        d_v: int,
+        n_layers: int,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        self.table = SlotTable(kernel, heads, d_k, d_v, dtype)
+        self.layers = [SlotLayer(self.table) for _ in range(n_layers)]
 
-    def __post_init__(self) -> None:
-        self.layers = [SlotLayer(self) for _ in range(self.n_layers)]
-        self.scale = 1.0 / math.sqrt(self.d_k)
-        self.reserved = 0
-        self._prepared = -1
+    @property
+    def length(self) -> int:
+        return self.table.length
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.table.length = value
 
     def reserve(self, steps: int) -> None:
         """Allocate the buffers for `steps` positions when they are first needed: no
         regrowth and copying later. Untouched memory costs nothing (the kernel never
         commits pages no step wrote), so the search's length limit is affordable."""
-        self.reserved = steps
+        self.table.reserved = steps
 
     def prepare(self, rows: int) -> Tensor:
-        """Make room for this step's keys of `rows` rows (once per step, for all layers)
-        and return the slot table for it."""
-        if self._prepared == self.length and self.slots is not None:
-            return self.slots
-        width = 0 if self.layers[0].self_k is None else self.layers[0].self_k.size(0)
-        if rows > width or self.length >= self.steps:
-            steps = self.steps
-            if self.length >= steps:
-                steps = max(32, self.reserved, 2 * steps)
-            self._grow(max(rows, width), steps, rows)
-        assert self.slots is not None
-        self.slots[:, self.length].copy_(torch.arange(rows))
-        self._prepared = self.length
-        return self.slots
-
-    def _grow(self, width: int, steps: int, rows: int) -> None:
+        """Room for this step's keys of `rows` rows in every layer; -> the slot table."""
+        slots = self.table.prepare(rows)
         for layer in self.layers:
-            for name, d in (("self_k", self.d_k), ("self_v", self.d_v)):
-                old: Tensor | None = getattr(layer, name)
-                # Left uninitialised: the table only ever points at slots a step wrote.
-                new = torch.empty(width, steps, self.heads, d, dtype=self.dtype)
-                if old is not None:  # only the steps written so far
-                    new[: old.size(0), : self.length].copy_(old[:, : self.length])
-                setattr(layer, name, new)
-        table = torch.arange(rows).unsqueeze(1).repeat(1, steps)
-        if self.slots is not None:
-            table[:, : self.slots.size(1)].copy_(self.slots)
-        self.slots, self.steps = table, steps
-
-    def weights_out(self, rows: int, keys: int) -> Tensor:
-        return torch.empty(rows, self.heads, keys, dtype=torch.float32)
+            layer.make_room()
+        return slots
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
         """Keep rows `index` (B',) in that order: their back-pointers and sources move,
         the keys stay. With cross=False rows stay within their sentence (search's word
         for beams reordering), so the sources cannot change."""
-        if self.slots is not None:
-            self.slots = self.slots.index_select(0, index)
-        if cross and self.sources is not None:
-            self.sources = self.sources.index_select(0, index)
+        table = self.table
+        if table.slots is not None:
+            table.slots = table.slots.index_select(0, index)
+        if cross and table.sources is not None:
+            table.sources = table.sources.index_select(0, index)
 
 
 # Either cache: what Transformer.new_cache makes, decode_step advances and search reorders.

@@ -193,7 +193,7 @@ class CompiledStep:
                     slot_layer.cross_v,
                     slot_layer.cross_bias,
                 )
-            lprobs = self.kernel.step_slots(tokens, cache.length, state, slots, cache.sources)
+            lprobs = self.kernel.step_slots(tokens, cache.length, state, slots, cache.table.sources)
             cache.length += 1
             return cast(Tensor, lprobs)
         state = []

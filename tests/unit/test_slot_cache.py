@@ -7,7 +7,9 @@ gives; and beam search of a trained model decodes the same sentences through it.
 from __future__ import annotations
 
 import copy
+import gc
 import math
+import weakref
 from types import ModuleType
 
 import pytest
@@ -147,7 +149,7 @@ def test_steps_over_the_slot_cache_equal_steps_over_the_reference_cache(
                 cache.reorder(order, cross)
             mask, memory = mask[order] if cross else mask, memory[order] if cross else memory
             tokens = want.argmax(-1)[order]
-    assert slot.steps == 64 and slot.layers[0].self_k is not None
+    assert slot.table.steps == 64 and slot.layers[0].self_k is not None
     assert slot.layers[0].self_k.shape == (6, 64, 4, 8)  # widened once, for the beams
 
 
@@ -165,3 +167,27 @@ def test_beam_search_of_a_trained_model_decodes_the_same_through_it(
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in expected]
     for a, b in zip(got, expected, strict=True):
         assert a[0].score == pytest.approx(b[0].score, abs=1e-2)
+
+
+def test_a_finished_cache_is_freed_at_once(kernel: ModuleType) -> None:
+    """No reference cycle: a batch's buffers go when its search drops the cache, not
+    whenever Python's cycle collector runs (memory grew with the input when they did)."""
+    model = _model()
+    model.attention_kernel = kernel
+    src = torch.randint(4, 50, (2, 5), generator=torch.Generator().manual_seed(3))
+    cache = model.new_cache()
+    assert isinstance(cache, SlotCache)
+    cache.reserve(20)
+    with torch.inference_mode():
+        mask = model.source_mask(src)
+        model.decode_step(torch.tensor([2, 2]), model.encode(src, mask), mask, cache)
+    buffer = cache.layers[0].self_k
+    assert buffer is not None and buffer.shape[1] == 32  # at least 32 steps
+    gone = weakref.ref(buffer)
+    del buffer
+    gc.disable()
+    try:
+        del cache
+        assert gone() is None
+    finally:
+        gc.enable()
