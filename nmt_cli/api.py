@@ -68,16 +68,17 @@ class Translator:
         engine = Engine.load(models, cfg, workers, alignment_layer, on_compile, on_fallback)
         return cls(engine, threads)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Stop the decoding workers (processes on Linux) started for multi-batch inputs;
-        also done on garbage collection and at exit, and by `with Translator.load(...)`."""
-        self.engine.close()
+        also done on garbage collection and at exit, and by `with Translator.load(...)`.
+        `wait=False` does not wait for batches they are still decoding."""
+        self.engine.close(wait)
 
     def __enter__(self) -> Translator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(wait=exc_type is None)
 
     @property
     def config(self) -> DecodeConfig:

@@ -188,7 +188,7 @@ def translate(
                 releaser.after_chunk()  # what the chunk freed goes back to the system
 
             chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
-            stack.callback(translator.close)
+            stack.enter_context(translator)  # stops its workers, waiting only after a clean end
             stats = translate_stream(translator.engine, chunks, emit)
         if decoder.decoder.replaced:
             warn(decoder.decoder.warning())

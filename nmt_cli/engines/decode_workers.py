@@ -107,5 +107,11 @@ class DecodePool:
                 "smaller --batch-size"
             ) from None
 
-    def close(self) -> None:
-        self._finalizer()
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers. `wait` (after a clean finish: they are idle) lets them exit
+        before returning; not waiting, the interpreter could exit while the executor's
+        manager thread still shut down, and Python 3.11 then printed an ignored
+        "Bad file descriptor" traceback at exit. After an interruption the caller does
+        not wait for the batches the workers are in."""
+        self._finalizer.detach()
+        self.executor.shutdown(wait=wait, cancel_futures=True)

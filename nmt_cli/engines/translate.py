@@ -156,10 +156,11 @@ class Translator:
             self._pool = DecodePool(self, self.workers)
         return self._pool
 
-    def close(self) -> None:
-        """Stop the worker processes or threads, if any were started."""
+    def close(self, wait: bool = True) -> None:
+        """Stop the worker processes or threads, if any were started; `wait=False` after
+        an interruption (see DecodePool.close)."""
         if self._pool is not None:
-            self._pool.close()
+            self._pool.close(wait)
             self._pool = None
 
     @property

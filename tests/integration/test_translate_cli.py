@@ -219,6 +219,19 @@ def test_batches_decoded_side_by_side_give_the_same_output(copier: Path) -> None
         pool.executor.submit(print)
 
 
+def test_worker_processes_end_without_noise_at_exit(copier: Path) -> None:
+    """Several batches on two workers, in a fresh interpreter: the workers are stopped
+    and waited for before exit. (Stopped without waiting, Python 3.11 sometimes printed
+    an ignored "Bad file descriptor" traceback from the pool's shutdown at exit.)"""
+    command = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(copier), "-q"]
+    command += ["--batch-size", "2", "--workers", "2", "--threads", "2"]
+    text = "\n".join(COPY_POOL[:16]) + "\n"
+    for _ in range(3):
+        done = subprocess.run(command, input=text, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        assert done.stdout.splitlines() == COPY_POOL[:16]
+
+
 def test_read_chunks_answers_a_slow_pipe_at_once() -> None:
     read_fd, write_fd = os.pipe()
     with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb", buffering=0) as writer:
