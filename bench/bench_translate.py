@@ -258,6 +258,8 @@ def memory(args: argparse.Namespace, lines: list[str]) -> None:
     """Peak RSS of fresh `nmt translate` processes (default settings) on growing inputs."""
     base = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(args.model), "-q"]
     print(f"\npeak resident memory of `nmt translate` (defaults), fresh processes: {base[2:]}")
+    # A build of the compiled module (after a source change) would be measured with it.
+    subprocess.run(base, input="warm-up\n", capture_output=True, text=True, check=True)
     with tempfile.TemporaryDirectory() as tmp:
         runs = [
             (1, [], "full length"),

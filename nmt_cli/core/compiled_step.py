@@ -53,9 +53,11 @@ class CompileError(RuntimeError):
 
 @cache
 def _module_name() -> str:
-    """One name per source text and PyTorch version, so a changed source or a new
-    PyTorch never loads a stale build."""
+    """One name per source text, PyTorch version and source directory, so a changed
+    source or a new PyTorch never loads a stale build, and two installations do not
+    rebuild in turn (the builder's ninja file names the sources by their paths)."""
     digest = hashlib.sha256(torch.__version__.encode())
+    digest.update(str(_CSRC.resolve()).encode())
     for path in SOURCES + HEADERS:
         digest.update(path.read_bytes())
     return f"nmt_decoder_step_{digest.hexdigest()[:16]}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -368,6 +369,24 @@ def test_the_build_is_cached_per_source_and_torch_version(
     assert directory.parent == tmp_path
     assert torch.__version__ not in directory.name  # hashed with the source text
     assert not compiled_step.is_built()
+
+
+def test_each_source_directory_builds_its_own_module(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two installations of the same sources (their paths are in the builder's ninja
+    file) would otherwise rebuild the one module in turn."""
+    copy = tmp_path / "csrc"
+    shutil.copytree(compiled_step._CSRC, copy)
+    here = compiled_step._module_name()
+    monkeypatch.setattr(compiled_step, "_CSRC", copy)
+    monkeypatch.setattr(compiled_step, "SOURCES", [copy / p.name for p in compiled_step.SOURCES])
+    monkeypatch.setattr(compiled_step, "HEADERS", [copy / p.name for p in compiled_step.HEADERS])
+    compiled_step._module_name.cache_clear()
+    try:
+        assert compiled_step._module_name() != here
+    finally:
+        compiled_step._module_name.cache_clear()
 
 
 def test_a_lock_left_by_a_killed_build_is_cleared(tmp_path: Path) -> None:
