@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from nmt_cli.core.cache import SlotCache, StepCache
 from nmt_cli.core.decode_linear import Int8Linear, PackedLinear
-from nmt_cli.core.search import CandidateSelect, torch_select
+from nmt_cli.core.search import BeamAdvance, kernel_advance, torch_advance
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -162,8 +162,8 @@ class CompiledStep:
             for d in decoder
         ]
         first, projection = decoder[0], model.projection
-        # Beam search's candidate selection from the same module (core/csrc/beam_topk.cpp).
-        self.select: CandidateSelect = kernel.beam_topk
+        # Beam search's bookkeeping from the same module (core/csrc/beam_topk.cpp).
+        self.advance: BeamAdvance = kernel_advance(kernel)
         self.kernel = kernel.DecoderStep(
             {
                 "heads": first.self_attn.h,
@@ -238,13 +238,13 @@ def attach_compiled_steps(models: list[Transformer], kernel: ModuleType) -> None
             model.attention_kernel = kernel
 
 
-def candidate_select(model: nn.Module) -> CandidateSelect:
-    """The selection beam search should use with `model` (a Transformer or an ensemble of
-    them): the compiled one when the model decodes with the compiled step, so that
+def beam_advance(model: nn.Module) -> BeamAdvance:
+    """The bookkeeping beam search should use with `model` (a Transformer or an ensemble
+    of them): the compiled one when the model decodes with the compiled step, so that
     recording attention (the Python step) ranks candidates the same way."""
     for module in model.modules():
         if isinstance(module, Transformer) and module.compiled_step is not None:
             step = module.compiled_step
             if isinstance(step, CompiledStep):
-                return step.select
-    return torch_select
+                return step.advance
+    return torch_advance

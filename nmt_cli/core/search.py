@@ -36,7 +36,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -92,19 +93,52 @@ class Searchable(Protocol):
         ...
 
 
-# (log-probabilities (N*K, V), running scores (N*K,), K) -> per sentence the K best of
-# their sums over its K rows flattened, best first: (values (N, K), flat indices (N, K)).
-CandidateSelect = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
+class Advance(NamedTuple):
+    """One step of beam search's bookkeeping after the model, for N sentences of K beams."""
+
+    top_lp: Tensor  # (N, K) the chosen candidates' scores, best first
+    cum: Tensor  # (N, K) the same with candidates ending in EOS closed (-inf)
+    tokens: Tensor  # (N, K) their tokens
+    origin: Tensor  # (N*K,) the row each continues
+    history: Tensor  # (N*K, L+1) that row's tokens, then this one
+    ended: Tensor  # (N, K) finite candidates that end in EOS
+    any_ended: bool
 
 
-def torch_select(lprobs: Tensor, cum: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The candidate selection of any device: the sums in place, then one `topk` over each
-    sentence's K*V of them (no full-vocabulary sort). On CPUs the compiled module's
-    `beam_topk` does the same in one pass (core/csrc/beam_topk.cpp)."""
-    n = lprobs.size(0) // k
-    scores = lprobs.add_(cum.view(-1, 1)).view(n, -1)
-    values, indices = scores.topk(k, dim=1)
-    return values, indices
+# (log-probabilities (N*K, V), running scores (N*K,), token histories (N*K, L), K) ->
+# the step's Advance. PAD and BOS are never chosen (set to -inf in the log-probabilities).
+BeamAdvance = Callable[[Tensor, Tensor, Tensor, int], Advance]
+
+
+def torch_advance(lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
+    """Any device's: the sums in place, then one `topk` over each sentence's K*V of them
+    (no full-vocabulary sort), a dozen tensor operations in all. On CPUs the compiled
+    module's `beam_advance` does the same in one call (core/csrc/beam_topk.cpp), choosing
+    in one pass; equal scores may rank differently (see there)."""
+    _mask_specials(lprobs)
+    n, vocab = lprobs.size(0) // k, lprobs.size(1)
+    top_lp, flat = lprobs.add_(cum.view(-1, 1)).view(n, -1).topk(k, dim=1)
+    tokens = flat.remainder(vocab)
+    first_rows = torch.arange(n, device=flat.device)[:, None] * k
+    origin = torch.div(flat, vocab, rounding_mode="floor").add_(first_rows).view(-1)
+    history = torch.cat([history.index_select(0, origin), tokens.view(-1, 1)], dim=1)
+    return _with_ends(top_lp, tokens, origin, history)
+
+
+def _with_ends(top_lp: Tensor, tokens: Tensor, origin: Tensor, history: Tensor) -> Advance:
+    eos = tokens == EOS_ID
+    ended = eos & (top_lp > -math.inf)  # a closed slot's candidates are -inf
+    cum = top_lp.masked_fill(eos, -math.inf)
+    return Advance(top_lp, cum, tokens, origin, history, ended, bool(ended.any()))
+
+
+def kernel_advance(kernel: ModuleType) -> BeamAdvance:
+    """The compiled module's `beam_advance` as a BeamAdvance."""
+
+    def advance(lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
+        return Advance(*kernel.beam_advance(lprobs, cum, history, k, EOS_ID, [PAD_ID, BOS_ID]))
+
+    return advance
 
 
 def length_penalty_value(length: int | float, alpha: float) -> float:
@@ -216,21 +250,23 @@ def beam_search(
     max_len_b: int = 50,
     nbest: int = 1,
     need_weights: bool = False,
-    select: CandidateSelect = torch_select,
+    advance: BeamAdvance = torch_advance,
 ) -> list[list[Hypothesis]]:
     """Decode a batch: src (B, S) right-padded with 0, each row ids + [EOS].
 
     Returns, per sentence, its `nbest` best finished hypotheses, best first (fewer only if
     the beam closed before finding that many). With `need_weights`, each hypothesis also
     carries the attention weights of the steps that produced it (`Hypothesis.attention`);
-    beam 1 then gives greedy search's output with its weights. `select` picks each step's
-    candidates (see CandidateSelect).
+    beam 1 then gives greedy search's output with its weights. `advance` chooses each
+    step's candidates and keeps the books (see BeamAdvance).
     """
     if beam_size < 1:
         raise ValueError(f"beam size must be at least 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and the beam size {beam_size}, got {nbest}")
-    search = _BeamSearch(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest, select)
+    search = _BeamSearch(
+        model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest, advance
+    )
     if need_weights:
         search.trace = _Trace()
     return search.run()
@@ -282,10 +318,10 @@ class _BeamSearch:
         max_len_a: float,
         max_len_b: int,
         nbest: int,
-        select: CandidateSelect,
+        advance: BeamAdvance,
     ) -> None:
         self.model, self.src, self.k, self.alpha, self.nbest = model, src, beam, alpha, nbest
-        self.select = select
+        self.advance = advance
         self.limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
         # Largest penalty a hypothesis of each sentence can reach (EOS at the length limit).
         self.lp_at_limit = ((5.0 + self.limit.double() + 1.0) / 6.0) ** alpha
@@ -333,9 +369,9 @@ class _BeamSearch:
         cache.reorder(expand, cross=True)
         src_mask = src_mask.index_select(0, expand)
         sent_ids = torch.arange(n, device=device)  # original sentence of each active one
-        history = top_tok.new_empty((n * k, 0))
-        cum, history = self._settle(top_lp, top_tok, history, None, sent_ids, 0, expand)
-        tokens = top_tok.reshape(-1)
+        first = _with_ends(top_lp, top_tok, expand, top_tok.reshape(-1, 1))
+        self._settle(first, sent_ids, 0)
+        cum, history, tokens = first.cum, first.history, top_tok.reshape(-1)
         open_set = _OpenSentences(self, sent_ids, k)
         step = 1
         while True:
@@ -362,19 +398,14 @@ class _BeamSearch:
                     if self.trace is not None:
                         self.trace.keep(rows)
             lprobs = self._step(tokens, memory, src_mask, cache)
-            _mask_specials(lprobs)
             if step >= open_set.first_limit:
                 at_limit = self.limit[sent_ids] <= step
                 _force_eos(lprobs, at_limit.repeat_interleave(k).nonzero().squeeze(1))
-            vocab = lprobs.size(1)
-            top_lp, flat = self.select(lprobs, cum.view(-1), k)  # (N, K), best first
-            beam_idx = torch.div(flat, vocab, rounding_mode="floor")
-            top_tok = flat.remainder(vocab)
-            origin = beam_idx.add_(open_set.first_rows).view(-1)
-            cum, history = self._settle(top_lp, top_tok, history, origin, sent_ids, step, origin)
+            chosen = self.advance(lprobs, cum.view(-1), history, k)
+            self._settle(chosen, sent_ids, step)
             # Beams reorder within their sentence: the cross-attention keys stay valid.
-            cache.reorder(origin, cross=False)
-            tokens = top_tok.view(-1)
+            cache.reorder(chosen.origin, cross=False)
+            cum, history, tokens = chosen.cum, chosen.history, chosen.tokens.view(-1)
             step += 1
         for sent, hyps in enumerate(self.finished):
             hyps.sort(key=lambda h: h.score, reverse=True)
@@ -384,43 +415,27 @@ class _BeamSearch:
                     hyp.attention = self.trace.path(*self.ends[id(hyp)])
         return self.results
 
-    def _settle(
-        self,
-        top_lp: Tensor,
-        top_tok: Tensor,
-        history: Tensor,
-        origin: Tensor | None,
-        sent_ids: Tensor,
-        step: int,
-        step_rows: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """Set aside candidates that end with EOS; return the open beams' log-probs (closed
-        slots -inf) and their token histories (reordered to the new beams). `step_rows`
-        gives each candidate's row in this step's model call (for the attention trace)."""
-        if origin is not None:
-            history = history.index_select(0, origin)
-        eos = top_tok == EOS_ID
-        ended = eos & (top_lp > -math.inf)  # a closed slot's candidates are -inf
-        if bool(ended.any()):
+    def _settle(self, chosen: Advance, sent_ids: Tensor, step: int) -> None:
+        """Set aside the chosen candidates that end with EOS as finished hypotheses.
+        `chosen.origin` gives each candidate's row in this step's model call (for the
+        attention trace)."""
+        if chosen.any_ended:
             self.any_finished = True
             lp = length_penalty_value(step + 1, self.alpha)
-            where = ended.nonzero()  # (F, 2): sentence row, beam slot
+            where = chosen.ended.nonzero()  # (F, 2): sentence row, beam slot
             rows = where[:, 0] * self.k + where[:, 1]
-            ids_list = history.index_select(0, rows).tolist()
+            ids_list = chosen.history.index_select(0, rows)[:, :-1].tolist()
             sents = sent_ids[where[:, 0]].tolist()
-            calls = step_rows[rows].tolist() if self.trace is not None else [0] * len(sents)
+            calls = chosen.origin[rows].tolist() if self.trace is not None else [0] * len(sents)
             for sent, ids, logp, call in zip(
-                sents, ids_list, top_lp[ended].tolist(), calls, strict=True
+                sents, ids_list, chosen.top_lp[chosen.ended].tolist(), calls, strict=True
             ):
                 hyp = Hypothesis(ids, logp / lp, logp)
                 if self.trace is not None:
                     self.ends[id(hyp)] = (step, call)
                 self._add(sent, hyp)
         if self.trace is not None:
-            self.trace.from_rows = step_rows
-        cum = top_lp.masked_fill_(eos, -math.inf)
-        history = torch.cat([history, top_tok.view(-1, 1)], dim=1)
-        return cum, history
+            self.trace.from_rows = chosen.origin
 
     def _add(self, sent: int, hyp: Hypothesis) -> None:
         hyps = self.finished[sent]
@@ -452,5 +467,3 @@ class _OpenSentences:
         self.lp_at_limit = search.lp_at_limit[sent_ids]
         # The first step at which some sentence must end (its length limit).
         self.first_limit = int(search.limit[sent_ids].min())
-        # Row of each sentence's first beam, to turn a candidate's beam into its row.
-        self.first_rows = torch.arange(sent_ids.numel(), device=sent_ids.device)[:, None] * k

@@ -20,7 +20,7 @@ import torch
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.batching import pad_sources
-from nmt_cli.core.compiled_step import candidate_select
+from nmt_cli.core.compiled_step import beam_advance
 from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
@@ -106,7 +106,7 @@ def attention_of(
             max_len_a=cfg.max_len_a,
             max_len_b=cfg.max_len_b,
             need_weights=True,
-            select=candidate_select(model),  # ranks as `nmt translate` does
+            advance=beam_advance(model),  # ranks as `nmt translate` does
         )[0][0]
     finally:
         model.train(was_training)

@@ -19,7 +19,7 @@ from torch import Tensor
 from nmt_cli.config import CPU_BATCH_SENTENCES, GPU_BATCH_SENTENCES, DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint
-from nmt_cli.core.compiled_step import candidate_select
+from nmt_cli.core.compiled_step import beam_advance
 from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
@@ -102,7 +102,7 @@ class Translator:
             CPU_BATCH_SENTENCES if on_cpu else GPU_BATCH_SENTENCES
         )
         self._pool: DecodePool | None = None
-        self.select = candidate_select(model)  # beam search's, compiled with the step
+        self.advance = beam_advance(model)  # beam search's, compiled with the step
         self.aligner: CrossAttentionOf | None = None
         if alignment_layer is not None:
             layers = decoder_layers(model)
@@ -244,7 +244,7 @@ class Translator:
             max_len_b=cfg.max_len_b,
             nbest=cfg.nbest,
             need_weights=view is not None,
-            select=self.select,
+            advance=self.advance,
         )
 
     def _detok(

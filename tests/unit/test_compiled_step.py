@@ -24,7 +24,7 @@ from nmt_cli.core.checkpoint import Checkpoint, model_state
 from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps
 from nmt_cli.core.decode_linear import Int8Linear, PackedLinear, log_probs, specialise_linears
 from nmt_cli.core.ensemble import Ensemble
-from nmt_cli.core.search import beam_search, torch_select
+from nmt_cli.core.search import beam_search, kernel_advance, torch_advance
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.engines.models import build_decoder
@@ -184,11 +184,38 @@ def test_the_one_pass_candidate_selection_equals_topk(
     lprobs = torch.log_softmax(torch.randn(sentences * k, vocab, generator=g), -1)
     cum = -torch.rand(sentences * k, generator=g) * 10
     cum[1 % (sentences * k)] = float("-inf")  # a closed beam slot
-    want = torch_select(lprobs.clone(), cum, k)
+    want = lprobs.clone().add_(cum.view(-1, 1)).view(sentences, -1).topk(k, dim=1)
     got = kernel.beam_topk(lprobs, cum, k)
     assert torch.equal(got[0], want[0])
     finite = want[0] > float("-inf")  # a -inf candidate's index is any (a dead slot)
     assert torch.equal(got[1][finite], want[1][finite])
+
+
+@pytest.mark.parametrize(("sentences", "k", "vocab"), [(1, 4, 50), (3, 4, 8000), (5, 1, 7)])
+def test_the_compiled_bookkeeping_equals_pytorchs(
+    kernel: ModuleType, sentences: int, k: int, vocab: int
+) -> None:
+    """beam_advance against torch_advance: banned ids, candidates ending in EOS (one of
+    them -inf, in a closed slot, which does not count as ended), histories, origins."""
+    g = torch.Generator().manual_seed(sentences * vocab)
+    rows = sentences * k
+    lprobs = torch.log_softmax(torch.randn(rows, vocab, generator=g), -1)
+    lprobs[::2, 3] += 10.0  # EOS among the best of every other beam
+    lprobs[:, [0, 2]] += 5.0  # PAD and BOS would win were they not banned
+    cum = -torch.rand(rows, generator=g) * 3
+    cum[rows - 1] = float("-inf")
+    history = torch.randint(4, vocab, (rows, 5), generator=g)
+    want = torch_advance(lprobs.clone(), cum, history, k)
+    got = kernel_advance(kernel)(lprobs.clone(), cum, history, k)
+    assert got.any_ended == want.any_ended and bool(want.ended.any())
+    for name in ("top_lp", "cum", "ended"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    live = want.top_lp > float("-inf")  # a -inf candidate's token is any (a dead slot)
+    assert torch.equal(got.tokens[live], want.tokens[live])
+    rows = live.view(-1)
+    assert torch.equal(got.origin[rows], want.origin[rows])
+    assert torch.equal(got.history[rows], want.history[rows])
+    assert not bool((got.tokens[live] == 0).any() | (got.tokens[live] == 2).any())
 
 
 def test_candidate_selection_ranks_ties_by_index_and_fills_with_minus_inf(
@@ -250,13 +277,22 @@ def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int)
     src = _sources()
     attach_compiled_steps([model], kernel)
     assert model.compiled_step is not None
-    run = lambda: beam_search(model, src, beam, max_len_b=12, nbest=beam, select=kernel.beam_topk)  # noqa: E731
+    advance = kernel_advance(kernel)
+
+    def run() -> list:
+        return beam_search(model, src, beam, max_len_b=12, nbest=beam, advance=advance)
+
     _same_hypotheses(run(), _python_step([model], run))
     if precision == "fp32":  # PyTorch's arithmetic throughout, as without the module
         _same_hypotheses(
             run(),
             beam_search(
-                _model(precision), src, beam, max_len_b=12, nbest=beam, select=kernel.beam_topk
+                _model(precision),
+                src,
+                beam,
+                max_len_b=12,
+                nbest=beam,
+                advance=kernel_advance(kernel),
             ),
         )
 
@@ -278,9 +314,9 @@ def test_an_int8_sentence_translates_the_same_alone_and_in_a_batch(kernel: Modul
     attach_compiled_steps([model], kernel)
     src = torch.randint(4, 50, (5, 7), generator=torch.Generator().manual_seed(2))
     src[:, -1] = 3  # equal lengths: no padding, whose softmax sums differ in the last bit
-    together = beam_search(model, src, 4, max_len_b=10, select=kernel.beam_topk)
+    together = beam_search(model, src, 4, max_len_b=10, advance=kernel_advance(kernel))
     for i in range(src.size(0)):
-        alone = beam_search(model, src[i : i + 1], 4, max_len_b=10, select=kernel.beam_topk)
+        alone = beam_search(model, src[i : i + 1], 4, max_len_b=10, advance=kernel_advance(kernel))
         _same_hypotheses(alone, together[i : i + 1])
 
 

@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -88,6 +89,53 @@ std::tuple<at::Tensor, at::Tensor> beam_topk(const at::Tensor& lprobs_in,
     }
   });
   return {values, indices};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, bool>
+beam_advance(const at::Tensor& lprobs, const at::Tensor& cum, const at::Tensor& history_in,
+             int64_t k, int64_t eos, const std::vector<int64_t>& banned) {
+  RECORD_FUNCTION("nmt::beam_advance", std::vector<c10::IValue>());
+  TORCH_CHECK(lprobs.dim() == 2 && lprobs.is_contiguous() && lprobs.scalar_type() == at::kFloat,
+              "beam_advance: contiguous (rows, V) float32 log-probabilities");
+  const int64_t rows = lprobs.size(0), vocab = lprobs.size(1);
+  const at::Tensor history = history_in.contiguous();
+  TORCH_CHECK(history.dim() == 2 && history.size(0) == rows && history.scalar_type() == at::kLong,
+              "beam_advance: (rows, L) int64 history");
+  float* lp = lprobs.data_ptr<float>();
+  for (const int64_t id : banned) {
+    TORCH_CHECK(id >= 0 && id < vocab, "beam_advance: banned id out of the vocabulary");
+    for (int64_t r = 0; r < rows; ++r) lp[r * vocab + id] = -std::numeric_limits<float>::infinity();
+  }
+  auto [top, flat] = beam_topk(lprobs, cum, k);
+  const int64_t sentences = rows / k, length = history.size(1);
+  const auto long_opts = history.options();
+  at::Tensor tokens = at::empty({sentences, k}, long_opts);
+  at::Tensor origin = at::empty({rows}, long_opts);
+  at::Tensor grown = at::empty({rows, length + 1}, long_opts);
+  at::Tensor next_cum = at::empty({sentences, k}, top.options());
+  at::Tensor ended = at::empty({sentences, k}, top.options().dtype(at::kBool));
+  const float* tv = top.const_data_ptr<float>();
+  const int64_t* fi = flat.const_data_ptr<int64_t>();
+  const int64_t* h = history.const_data_ptr<int64_t>();
+  int64_t* tok = tokens.data_ptr<int64_t>();
+  int64_t* org = origin.data_ptr<int64_t>();
+  int64_t* g = grown.data_ptr<int64_t>();
+  float* nc = next_cum.data_ptr<float>();
+  bool* end = ended.data_ptr<bool>();
+  bool any = false;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t sentence = i / k, token = fi[i] % vocab;
+    const int64_t from = sentence * k + fi[i] / vocab;
+    tok[i] = token;
+    org[i] = from;
+    std::copy(h + from * length, h + (from + 1) * length, g + i * (length + 1));
+    g[i * (length + 1) + length] = token;
+    const bool is_eos = token == eos;
+    end[i] = is_eos && tv[i] > -std::numeric_limits<float>::infinity();
+    any = any || end[i];
+    nc[i] = is_eos ? -std::numeric_limits<float>::infinity() : tv[i];
+  }
+  return {top, next_cum, tokens, origin, grown, ended, any};
 }
 
 }  // namespace nmt

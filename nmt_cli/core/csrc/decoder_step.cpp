@@ -278,6 +278,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_bf16", &nmt::pack_bf16);
   m.def("packed_linear", &nmt::packed_linear);
   m.def("beam_topk", &nmt::beam_topk);
+  m.def("beam_advance", &nmt::beam_advance);
   m.def("int8_kernel_available", &nmt::int8_kernel_available);
   m.def("pack_int8", &nmt::pack_int8);
   m.def("int8_linear", &nmt::int8_linear);
