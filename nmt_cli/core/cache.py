@@ -191,18 +191,20 @@ class SlotTable:
     width: int = 0  # slots the buffers hold: the most rows a step had
     reserved: int = 0  # the search's length limit, when it said
     prepared: int = -1  # the position `slots` was last prepared for
+    size: int = 0  # counts the changes of (width, steps): the layers' buffers follow
 
     def prepare(self, rows: int) -> Tensor:
         """Make room for this step's `rows` rows and return the slot table for it."""
         if self.prepared == self.length and self.slots is not None:
             return self.slots
-        self.width = max(self.width, rows)
+        if rows > self.width:
+            self.width, self.size = rows, self.size + 1
         if self.length >= self.steps:
             steps = max(32, self.reserved, 2 * self.steps)
             table = torch.arange(rows).unsqueeze(1).repeat(1, steps)
             if self.slots is not None:
                 table[:, : self.length].copy_(self.slots[:, : self.length])
-            self.slots, self.steps = table, steps
+            self.slots, self.steps, self.size = table, steps, self.size + 1
         assert self.slots is not None
         self.slots[:, self.length].copy_(torch.arange(rows))
         self.prepared = self.length
@@ -233,11 +235,15 @@ class SlotLayer:
     cross_k: Tensor | None = None  # (N, S, h, d_k): one per source, not per beam
     cross_v: Tensor | None = None
     cross_bias: Tensor | None = None  # (N, S) float32, -inf at padding; None: no padding
+    size: int = -1  # the table's `size` the buffers were made for
 
     def make_room(self) -> tuple[Tensor, Tensor]:
         """The buffers, grown to what the table was last prepared for."""
-        self.self_k = self.table.buffer(self.self_k, self.table.d_k)
-        self.self_v = self.table.buffer(self.self_v, self.table.d_v)
+        table = self.table
+        if self.size != table.size or self.self_k is None or self.self_v is None:
+            self.self_k = table.buffer(self.self_k, table.d_k)
+            self.self_v = table.buffer(self.self_v, table.d_v)
+            self.size = table.size
         return self.self_k, self.self_v
 
     def attend_self(

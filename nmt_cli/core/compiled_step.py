@@ -5,11 +5,12 @@ few microseconds each, and calling each one from Python costs about as much agai
 interpreter, argument parsing and the dispatcher's Python binding. `csrc/decoder_step.cpp`
 makes the same ATen calls in the same order as the Python step
 (`Transformer.decode_step`), so its outputs are bit-identical, from one C++ call a step;
-search, the cache's bookkeeping and the first step (which projects the encoder output
-into the cross-attention cache) stay in Python. The same module holds kernels that the
-Python side uses too: bf16 and int8 products for the few rows of a step
-(`csrc/bf16_linear.cpp`, `csrc/int8_linear.cpp`, through core/decode_linear.py's layers)
-and beam search's one-pass candidate selection (`csrc/beam_topk.cpp`).
+the projection of the encoder output into the cross-attention cache (before the first
+step), steps that record attention, and the search stay in Python. The same module holds
+kernels that the Python side uses too: bf16 and int8 products for the few rows of a step
+(`csrc/bf16_linear.cpp`, `csrc/int8_linear.cpp`, through core/decode_linear.py's layers),
+attention over the SlotCache (`csrc/attention.cpp`) and beam search's bookkeeping with
+its one-pass candidate selection (`csrc/beam_topk.cpp`).
 
 The source is built with PyTorch's extension builder (a C++ compiler and ninja) once per
 source and PyTorch version, into a per-user cache (`TORCH_EXTENSIONS_DIR` if set); where
@@ -144,9 +145,9 @@ def _norm_spec(norm: nn.LayerNorm) -> tuple[Tensor, Tensor]:
 
 
 class CompiledStep:
-    """`Transformer.decode_step` after the first step, without attention weights, as one
-    call into the compiled module. Holds references to the model's weights (and their
-    packed forms), not copies."""
+    """`Transformer.decode_step` without attention weights as one call into the compiled
+    module (the cross-attention cache filled first). Holds references to the model's
+    weights (and their packed forms), not copies."""
 
     def __init__(self, model: Transformer, kernel: ModuleType) -> None:
         embed = model.tgt_embed
@@ -227,7 +228,7 @@ def prepare_kernel(on_compile: Callable[[], None] = lambda: None) -> ModuleType:
 def attach_compiled_steps(models: list[Transformer], kernel: ModuleType) -> None:
     """Give each CPU model the compiled step (`Transformer.compiled_step`). Its linear
     layers should be specialised with the same `kernel` first (specialise_linears), so
-    the Python step, used for the first step and for attention, computes the same.
+    the Python step, used for steps that record attention, computes the same.
     Models whose output projection runs on the module's kernels (bf16, int8) also get
     its attention kernel, and with it the SlotCache (core/cache.py); fp32 models keep
     PyTorch's attention, whose arithmetic their outputs are promised to match."""

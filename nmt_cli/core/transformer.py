@@ -335,8 +335,8 @@ class Transformer(nn.Module):
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # A decode-only replacement of the tied output projection (core/decode_linear.py).
         self.projection: nn.Module | None = None
-        # A decode-only replacement of decode_step after the first step, on CPUs: the
-        # same operations as one C++ call (core/compiled_step.py).
+        # A decode-only replacement of decode_step on CPUs: the same operations as one
+        # C++ call (core/compiled_step.py).
         self.compiled_step: Callable[[Tensor, StepCache], Tensor] | None = None
         # The compiled module, when its attention kernel decodes this model (bf16 and
         # int8 on CPUs): new caches are SlotCaches (core/cache.py).
@@ -455,7 +455,9 @@ class Transformer(nn.Module):
         row-first tensors (what search records): every decoder layer's self-attention
         (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S).
         """
-        if self.compiled_step is not None and cache.length > 0 and not need_weights:
+        if self.compiled_step is not None and not need_weights:
+            if cache.length == 0:
+                self._cache_memory(memory, src_mask, cache)
             return self.compiled_step(last_tokens, cache), None
         y = self.tgt_embed.step(last_tokens, cache.length)
         own: list[Tensor] = []
@@ -470,6 +472,15 @@ class Transformer(nn.Module):
         cache.length += 1
         lprobs = log_probs(self.projection, self.logits(y))
         return lprobs, [*own, *cross] if need_weights else None
+
+    def _cache_memory(self, memory: Tensor, src_mask: Tensor, cache: StepCache) -> None:
+        """Every decoder layer's cross-attention keys/values of `memory` in `cache`: the
+        first step's own work, done here when the compiled step takes that step."""
+        layer_caches: Sequence[AttentionCache] = cache.layers
+        for layer, layer_cache in zip(self.decoder, layer_caches, strict=True):
+            if not layer_cache.has_memory():
+                attention = cast(DecoderLayer, layer).cross_attn
+                layer_cache.store_memory(*attention.project_kv(memory), src_mask)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -172,9 +172,9 @@ class DecoderStep {
 
   // ids (B,) at `position` -> [log-probabilities (B, V) in float32, then per layer the
   // new self-attention keys and values (B, h, position + 1, d)], over core/cache.py's
-  // DecoderCache. `cache` holds per layer self_k, self_v, pending rows, cross_k, cross_v,
-  // cross_bias; the cross-attention tensors must already be there (the Python step
-  // computes them on the first step).
+  // DecoderCache. `cache` holds per layer self_k, self_v (none before the first step),
+  // pending rows, cross_k, cross_v, cross_bias; the cross-attention tensors must already
+  // be there (Transformer.decode_step stores them before the first step).
   std::vector<Tensor> step(const Tensor& ids, int64_t position,
                            const std::vector<OptTensor>& cache) const {
     c10::InferenceMode guard;
@@ -184,8 +184,16 @@ class DecoderStep {
     const auto self_attention = [&](size_t l, const Tensor& q, const Tensor& k_new,
                                     const Tensor& v_new) {
       const OptTensor* c = &cache[l * 6];
-      Tensor k = gather_append(*c[0], c[2], k_new.view({rows, heads_, 1, d_k_}));
-      Tensor v = gather_append(*c[1], c[2], v_new.view({rows, heads_, 1, d_v_}));
+      const at::ScalarType dtype = c[3]->scalar_type();  // the cache's (cross_k's)
+      Tensor k = k_new.view({rows, heads_, 1, d_k_});
+      Tensor v = v_new.view({rows, heads_, 1, d_v_});
+      if (c[0].has_value()) {
+        k = gather_append(*c[0], c[2], k);
+        v = gather_append(*c[1], c[2], v);
+      } else {  // the first step (LayerCache.append_self)
+        k = k.to(dtype).contiguous();
+        v = v.to(dtype).contiguous();
+      }
       const int64_t keys = k.size(2);
       Tensor qh = q.to(k.scalar_type()).reshape({bh, 1, d_k_});
       Tensor scores = at::bmm(qh, k.view({bh, keys, d_k_}).transpose(1, 2)).mul_(scale);
