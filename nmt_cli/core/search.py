@@ -1,7 +1,7 @@
 """Greedy and batched beam search over the model's incremental-decoding interface only.
 
 Search sees the model through `Searchable`: `source_mask`, `encode`, `new_cache`,
-`decode_step`, the cache's `reorder` and `max_positions`. It knows nothing of layers, so
+`decode_step`, the cache's `reorder` and `reserve`, and `max_positions`. It knows nothing of layers, so
 anything with that interface is searched the same way: one Transformer, an `Ensemble` of
 them (core/ensemble.py, Sockeye's design: the ensemble is a model, search has no ensemble
 case), or a scripted stub in the tests.
@@ -22,8 +22,9 @@ finished hypotheses that no open beam can beat, or no open beam is left.
 Speed: everything is batched over sentences x beams in one (N*K, V) step, the encoder
 runs once per batch, the first step runs on one row per sentence (all beams are equal
 then) and only then expands the cache to K rows, candidates come from one `topk` over
-the flattened (N, K*V) scores (no full-vocabulary sort), and finished sentences leave the
-batch so late steps only pay for the sentences still open.
+the flattened (N, K*V) scores (no full-vocabulary sort; on CPUs the compiled module's
+one pass, with the rest of a step's bookkeeping: `BeamAdvance`), and finished sentences
+leave the batch so late steps only pay for the sentences still open.
 
 Attention for pictures and alignments: with `need_weights`, beam search asks the model for
 each step's attention weights and keeps them with a back-pointer per row, and every
