@@ -1,10 +1,10 @@
 """Greedy and batched beam search over the model's incremental-decoding interface only.
 
 Search sees the model through `Searchable`: `source_mask`, `encode`, `new_cache`,
-`decode_step`, the cache's `reorder` and `reserve`, and `max_positions`. It knows nothing of layers, so
-anything with that interface is searched the same way: one Transformer, an `Ensemble` of
-them (core/ensemble.py, Sockeye's design: the ensemble is a model, search has no ensemble
-case), or a scripted stub in the tests.
+`decode_step`, the cache's `reorder` and `reserve`, and `max_positions`. It knows nothing
+of layers, so anything with that interface is searched the same way: one Transformer, an
+`Ensemble` of them (core/ensemble.py, Sockeye's design: the ensemble is a model, search
+has no ensemble case), or a scripted stub in the tests.
 
 Beam search is the paper's (section 6.1, as in tensor2tensor): a GNMT length penalty
 `lp(Y) = ((5 + |Y|) / 6) ** alpha`, where |Y| counts the output tokens including the
