@@ -253,11 +253,9 @@ class SlotLayer:
         b, position = q.size(0), table.length
         slots = table.prepare(b)
         keys, values = self.make_room()
-        keys[:b, position].copy_(k.view(b, table.heads, -1))
-        values[:b, position].copy_(v.view(b, table.heads, -1))
         weights = table.weights_out(b, position + 1) if need_weights else None
-        ctx = table.kernel.attend_prefix(
-            q, keys, values, slots, position + 1, 1.0 / math.sqrt(table.d_k), weights
+        ctx = table.kernel.attend_prefix(  # writes k, v into the buffers first
+            q, k, v, keys, values, slots, position + 1, 1.0 / math.sqrt(table.d_k), weights
         )
         return ctx, None if weights is None else weights.unsqueeze(2)
 

@@ -56,9 +56,16 @@ def test_prefix_attention_reads_each_rows_ancestors(
     keys = torch.randn(width, steps, heads, d_k, generator=g).to(dtype)
     values = torch.randn(width, steps, heads, d_v, generator=g).to(dtype)
     slots = torch.randint(0, width, (rows, steps), generator=g)
-    q = torch.randn(rows, heads * d_k, generator=g)
+    # q, k and v as a step has them: column slices of one projection's rows
+    qkv = torch.randn(rows, heads * (2 * d_k + d_v), generator=g)
+    q, k, v = qkv.split_with_sizes([heads * d_k, heads * d_k, heads * d_v], dim=-1)
     weights = torch.empty(rows, heads, length)
-    got = kernel.attend_prefix(q, keys, values, slots, length, 1 / math.sqrt(d_k), weights)
+    scale = 1 / math.sqrt(d_k)
+    got = kernel.attend_prefix(q, k, v, keys, values, slots, length, scale, weights)
+    # this step's keys and values went into each row's own slot, rounded as copy_ rounds
+    newest = torch.arange(rows), length - 1
+    assert torch.equal(keys[newest], k.view(rows, heads, d_k).to(dtype))
+    assert torch.equal(values[newest], v.view(rows, heads, d_v).to(dtype))
     # step s of row r from slot slots[r, s]; the newest step from slot r itself
     at = slots[:, :length].clone()
     at[:, -1] = torch.arange(rows)

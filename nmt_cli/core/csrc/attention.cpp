@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -62,6 +63,10 @@ NMT_AVX512 inline void store(uint16_t* p, __m512 x, __mmask16 mask) {
 struct PrefixRows {
   const int64_t* slots;
   int64_t slot_stride, steps, last;
+  // This step's keys and values (rows of h * d, in the query's dtype), which each row
+  // writes into its own slot before it attends: the step's only copy of them.
+  const void *k_new, *v_new;
+  int64_t k_stride, v_stride;
   int64_t operator()(int64_t r, int64_t s) const {
     return (s == last ? r : slots[r * slot_stride + s]) * steps + s;
   }
@@ -81,7 +86,17 @@ struct MemoryRows {
 struct Shape {
   int64_t heads, d_k, d_v, length;
   float scale;
+  int64_t q_stride;  // elements from one query row to the next
 };
+
+// `n` values from `from` (Q) to `to` (KV), rounded as PyTorch's copy_ rounds.
+template <typename Q, typename KV>
+NMT_AVX512 void convert(const Q* from, KV* to, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = first_lanes(n - i);
+    store(to + i, load(from + i, m), m);
+  }
+}
 
 constexpr int64_t kGroup = 8;  // heads whose scores one 256-bit register holds
 
@@ -122,8 +137,15 @@ NMT_AVX512 void attend_row(int64_t r, const Q* q, const KV* keys, const KV* valu
     mk[c] = dk > 16 * c ? first_lanes(dk - 16 * c) : 0;
     mv[c] = dv > 16 * c ? first_lanes(dv - 16 * c) : 0;
   }
-  const Q* qr = q + r * h * dk;
+  const Q* qr = q + r * sh.q_stride;
   const float* bias = rows.bias(r);
+  if constexpr (std::is_same_v<Rows, PrefixRows>) {
+    const int64_t at_last = rows(r, n - 1);
+    KV* k = const_cast<KV*>(keys) + at_last * h * dk;  // the buffers the caller gave to fill
+    KV* v = const_cast<KV*>(values) + at_last * h * dv;
+    convert(static_cast<const Q*>(rows.k_new) + r * rows.k_stride, k, h * dk);
+    convert(static_cast<const Q*>(rows.v_new) + r * rows.v_stride, v, h * dv);
+  }
   for (int64_t s = 0; s < n; ++s) at[s] = rows(r, s);
   const __m256 scale = _mm256_set1_ps(sh.scale);
   for (int64_t g = 0; g < groups; ++g) {
@@ -237,9 +259,10 @@ template <typename Rows>
 at::Tensor attend(const at::Tensor& q_in, const at::Tensor& keys, const at::Tensor& values,
                   const Rows& rows, int64_t length, double scale,
                   const std::optional<at::Tensor>& weights) {
-  const at::Tensor q = q_in.contiguous();
+  const at::Tensor q = q_in.stride(-1) == 1 ? q_in : q_in.contiguous();
   const int64_t count = q.size(0), heads = keys.size(2);
-  const Shape sh{heads, keys.size(3), values.size(3), length, static_cast<float>(scale)};
+  const Shape sh{heads, keys.size(3), values.size(3), length, static_cast<float>(scale),
+                 q.stride(0)};
   TORCH_CHECK(q.dim() == 2 && q.size(1) == heads * sh.d_k, "attention: q is (rows, h * d_k)");
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && values.size(2) == heads &&
                   keys.scalar_type() == values.scalar_type(),
@@ -277,7 +300,8 @@ bool attention_kernel_available() {
   return available;
 }
 
-at::Tensor attend_prefix(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+at::Tensor attend_prefix(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                         const at::Tensor& keys, const at::Tensor& values,
                          const at::Tensor& slots, int64_t length, double scale,
                          const std::optional<at::Tensor>& weights) {
   RECORD_FUNCTION("nmt::attend_prefix", std::vector<c10::IValue>());
@@ -287,7 +311,16 @@ at::Tensor attend_prefix(const at::Tensor& q, const at::Tensor& keys, const at::
                   slots.size(0) == q.size(0) && slots.size(1) >= length - 1 &&
                   q.size(0) <= keys.size(0),
               "attend_prefix: slots are (rows, >= length - 1) int64, rows <= slots of keys");
-  const PrefixRows rows{slots.const_data_ptr<int64_t>(), slots.stride(0), keys.size(1), length - 1};
+  TORCH_CHECK(k_new.dim() == 2 && v_new.dim() == 2 && k_new.stride(1) == 1 &&
+                  v_new.stride(1) == 1 && k_new.size(0) == q.size(0) &&
+                  v_new.size(0) == q.size(0) && k_new.scalar_type() == q.scalar_type() &&
+                  v_new.scalar_type() == q.scalar_type() &&
+                  k_new.size(1) == keys.size(2) * keys.size(3) &&
+                  v_new.size(1) == values.size(2) * values.size(3),
+              "attend_prefix: k_new, v_new are (rows, h * d) rows in q's dtype");
+  const PrefixRows rows{slots.const_data_ptr<int64_t>(), slots.stride(0), keys.size(1), length - 1,
+                        k_new.const_data_ptr(), v_new.const_data_ptr(), k_new.stride(0),
+                        v_new.stride(0)};
   return attend(q, keys, values, rows, length, scale, weights);
 }
 
@@ -319,7 +352,8 @@ namespace nmt {
 bool attention_kernel_available() { return false; }
 
 at::Tensor attend_prefix(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                         const at::Tensor&, int64_t, double, const std::optional<at::Tensor>&) {
+                         const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double,
+                         const std::optional<at::Tensor>&) {
   TORCH_CHECK(false, "attention kernel: x86-64 only");
 }
 

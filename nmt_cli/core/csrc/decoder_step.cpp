@@ -217,7 +217,7 @@ class DecoderStep {
   }
 
   // The same over core/cache.py's SlotCache, with the module's attention kernel: `layers`
-  // holds per layer self_k, self_v (W, T, h, d) written here in place, cross_k, cross_v
+  // holds per layer self_k, self_v (W, T, h, d) that the kernel writes in place, cross_k, cross_v
   // (N, S, h, d) and cross_bias; `slots` and `sources` are the cache's tables, already
   // prepared for this step. -> log-probabilities (B, V) in float32.
   Tensor step_slots(const Tensor& ids, int64_t position, const std::vector<OptTensor>& layers,
@@ -227,11 +227,8 @@ class DecoderStep {
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
     const auto self_attention = [&](size_t l, const Tensor& q, const Tensor& k_new,
                                     const Tensor& v_new) {
-      const Tensor& keys = *layers[l * 5];
-      const Tensor& values = *layers[l * 5 + 1];
-      keys.select(1, position).narrow(0, 0, rows).copy_(k_new.view({rows, heads_, d_k_}));
-      values.select(1, position).narrow(0, 0, rows).copy_(v_new.view({rows, heads_, d_v_}));
-      return nmt::attend_prefix(q, keys, values, slots, position + 1, scale, std::nullopt);
+      return nmt::attend_prefix(q, k_new, v_new, *layers[l * 5], *layers[l * 5 + 1], slots,
+                                position + 1, scale, std::nullopt);
     };
     const auto cross_attention = [&](size_t l, const Tensor& q) {
       const OptTensor* c = &layers[l * 5 + 2];
