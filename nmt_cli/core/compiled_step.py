@@ -27,6 +27,7 @@ import sysconfig
 import time
 from collections.abc import Callable
 from functools import cache
+from operator import attrgetter
 from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
@@ -187,33 +188,21 @@ class CompiledStep:
         """(B,) newest tokens -> log-probabilities (B, V); the cache advances one position."""
         if isinstance(cache, SlotCache):
             slots = cache.prepare(tokens.size(0))
-            state: list[Tensor | None] = []
-            for slot_layer in cache.layers:
-                state += (
-                    slot_layer.self_k,
-                    slot_layer.self_v,
-                    slot_layer.cross_k,
-                    slot_layer.cross_v,
-                    slot_layer.cross_bias,
-                )
+            state = [t for layer in cache.layers for t in _SLOT_STATE(layer)]
             lprobs = self.kernel.step_slots(tokens, cache.length, state, slots, cache.table.sources)
             cache.length += 1
             return cast(Tensor, lprobs)
-        state = []
-        for layer in cache.layers:
-            state += (
-                layer.self_k,
-                layer.self_v,
-                layer.pending,
-                layer.cross_k,
-                layer.cross_v,
-                layer.cross_bias,
-            )
+        state = [t for layer in cache.layers for t in _PREFIX_STATE(layer)]
         out = self.kernel.step(tokens, cache.length, state)
         for i, layer in enumerate(cache.layers):
             layer.self_k, layer.self_v, layer.pending = out[2 * i + 1], out[2 * i + 2], None
         cache.length += 1
         return out[0]
+
+
+# What the C++ step reads of each layer's cache, in its order (csrc/decoder_step.cpp).
+_PREFIX_STATE = attrgetter("self_k", "self_v", "pending", "cross_k", "cross_v", "cross_bias")
+_SLOT_STATE = attrgetter("self_k", "self_v", "cross_k", "cross_v", "cross_bias")
 
 
 def prepare_kernel(on_compile: Callable[[], None] = lambda: None) -> ModuleType:

@@ -15,6 +15,7 @@ from typing import cast
 
 import pytest
 import torch
+from decode_models import decode_model
 from reverser import reverse_batch
 from torch import Tensor
 
@@ -22,41 +23,14 @@ from nmt_cli.core import compiled_step
 from nmt_cli.core.cache import DecoderCache, SlotCache
 from nmt_cli.core.checkpoint import Checkpoint, model_state
 from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps
-from nmt_cli.core.decode_linear import Int8Linear, PackedLinear, log_probs, specialise_linears
+from nmt_cli.core.decode_linear import Int8Linear, PackedLinear, log_probs
 from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.search import beam_search, kernel_advance, torch_advance
-from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.engines.models import build_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _model(
-    precision: str, kernel: ModuleType | None = None, seed: int = 0, **overrides: object
-) -> Transformer:
-    """A random model as build_decoder makes it for `precision`; the bf16 linear layers
-    use `kernel`'s few-row products when given, as they do beside the compiled step."""
-    torch.manual_seed(seed)
-    settings: dict[str, object] = dict(
-        encoder_layers=1,
-        decoder_layers=2,
-        d_model=32,
-        d_ff=64,
-        n_heads=4,
-        dropout=0.0,
-        src_vocab_size=50,
-        tgt_vocab_size=50,
-        max_positions=40,
-    )
-    settings.update(overrides)
-    model = Transformer(ModelConfig(**settings)).eval()  # type: ignore[arg-type]
-    if precision == "bf16":
-        model = model.to(torch.bfloat16)
-        specialise_linears(model, "packed-bf16", kernel)
-    elif precision == "int8":
-        specialise_linears(model, "int8", kernel)
-    return model
 
 
 def _checkpoint(model: Transformer) -> Checkpoint:
@@ -164,7 +138,7 @@ def test_the_fast_log_softmax_is_pytorchs_to_a_few_ulp(
 def test_bf16_and_int8_steps_use_it_and_fp32_keeps_pytorchs(kernel: ModuleType) -> None:
     logits = torch.randn(2, 50)
     assert torch.equal(log_probs(None, logits), torch.log_softmax(logits, -1))
-    packed = _model("bf16", kernel).projection
+    packed = decode_model("bf16", kernel).projection
     assert torch.equal(log_probs(packed, logits), kernel.fast_log_softmax(logits))
 
 
@@ -239,7 +213,7 @@ def test_each_step_and_its_cache_equal_the_python_step(kernel: ModuleType, preci
     whose int8 the module cannot run, called from the compiled step through the
     dispatcher; bf16 and int8 decode over the SlotCache, fp32 over the DecoderCache."""
     fbgemm = precision == "int8 without VNNI"
-    model = _model("int8") if fbgemm else _model(precision, kernel)
+    model = decode_model("int8") if fbgemm else decode_model(precision, kernel)
     attach_compiled_steps([model], kernel)
     step, model.compiled_step = model.compiled_step, None
     src = _sources()
@@ -273,7 +247,7 @@ def test_each_step_and_its_cache_equal_the_python_step(kernel: ModuleType, preci
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int) -> None:
-    model = _model(precision, kernel)
+    model = decode_model(precision, kernel)
     src = _sources()
     attach_compiled_steps([model], kernel)
     assert model.compiled_step is not None
@@ -287,7 +261,7 @@ def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int)
         _same_hypotheses(
             run(),
             beam_search(
-                _model(precision),
+                decode_model(precision),
                 src,
                 beam,
                 max_len_b=12,
@@ -310,7 +284,7 @@ def test_sentences_that_finish_leave_the_batch_the_same_way(
 
 
 def test_an_int8_sentence_translates_the_same_alone_and_in_a_batch(kernel: ModuleType) -> None:
-    model = _model("int8", kernel)
+    model = decode_model("int8", kernel)
     attach_compiled_steps([model], kernel)
     src = torch.randint(4, 50, (5, 7), generator=torch.Generator().manual_seed(2))
     src[:, -1] = 3  # equal lengths: no padding, whose softmax sums differ in the last bit
@@ -321,7 +295,7 @@ def test_an_int8_sentence_translates_the_same_alone_and_in_a_batch(kernel: Modul
 
 
 def test_separate_key_and_value_sizes_and_learned_positions(kernel: ModuleType) -> None:
-    model = _model("fp32", d_k=6, d_v=10, positions="learned")
+    model = decode_model("fp32", d_k=6, d_v=10, positions="learned")
     src = _sources()
     expected = beam_search(model, src, 3, max_len_b=10)
     attach_compiled_steps([model], kernel)
@@ -331,7 +305,7 @@ def test_separate_key_and_value_sizes_and_learned_positions(kernel: ModuleType) 
 def test_an_ensemble_of_compiled_members_decodes_as_their_python_steps(
     kernel: ModuleType,
 ) -> None:
-    members = [_model("bf16", kernel, seed=1), _model("bf16", kernel, seed=2)]
+    members = [decode_model("bf16", kernel, seed=1), decode_model("bf16", kernel, seed=2)]
     src = _sources()
     attach_compiled_steps(members, kernel)
     run = lambda: beam_search(Ensemble(members).eval(), src, 4, max_len_b=10)  # noqa: E731
@@ -344,7 +318,7 @@ def test_attention_weights_are_recorded_by_the_python_step(
 ) -> None:
     """fp32: PyTorch's weights, as without the module; bf16: the attention kernel's,
     close to PyTorch's over the reference cache."""
-    model = _model(precision, kernel)
+    model = decode_model(precision, kernel)
     src = _sources()
     reference = beam_search(model, src, 2, max_len_b=8, need_weights=True)
     attach_compiled_steps([model], kernel)
@@ -369,7 +343,7 @@ def test_a_build_that_fails_is_reported_and_decoding_stays_in_python(
     monkeypatch.setattr(compiled_step, "load_kernel", broken)
     monkeypatch.setattr(compiled_step, "is_built", lambda: False)
     told: list[str] = []
-    ckpt = _checkpoint(_model("fp32"))
+    ckpt = _checkpoint(decode_model("fp32"))
     model, _ = build_decoder(
         [ckpt],
         ["a"],
@@ -386,7 +360,7 @@ def test_a_build_that_fails_is_reported_and_decoding_stays_in_python(
 
 
 def test_build_decoder_gives_cpu_models_the_compiled_step(kernel: ModuleType) -> None:
-    ckpt = _checkpoint(_model("fp32"))
+    ckpt = _checkpoint(decode_model("fp32"))
     told: list[str] = []
     model, _ = build_decoder(
         [ckpt], ["a"], torch.device("cpu"), "bf16", True, lambda: told.append("compiling")

@@ -14,12 +14,13 @@ from types import ModuleType
 
 import pytest
 import torch
+from decode_models import decode_model
 from reverser import reverse_batch
 from torch import Tensor
 
 from nmt_cli.core.cache import DecoderCache, SlotCache
 from nmt_cli.core.search import beam_search
-from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.core.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,22 +102,6 @@ def test_memory_attention_shares_sources_and_masks_padding(
     assert bool((weights[[0, 1, 4], :, 3:] == 0).all())  # padding of source 1 is never read
 
 
-def _model(seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        encoder_layers=1,
-        decoder_layers=2,
-        d_model=32,
-        d_ff=64,
-        n_heads=4,
-        dropout=0.0,
-        src_vocab_size=50,
-        tgt_vocab_size=50,
-        max_positions=64,
-    )
-    return Transformer(cfg).eval()
-
-
 def test_steps_over_the_slot_cache_equal_steps_over_the_reference_cache(
     kernel: ModuleType,
 ) -> None:
@@ -124,7 +109,7 @@ def test_steps_over_the_slot_cache_equal_steps_over_the_reference_cache(
     grow past their first 32), the rows expand from sentences to beams as beam
     search's first reorder does, beams reorder within their sentence, and a sentence
     leaves the batch."""
-    model = _model()
+    model = decode_model("fp32", max_positions=64)
     model.attention_kernel = kernel
     src = torch.randint(4, 50, (2, 7), generator=torch.Generator().manual_seed(3))
     src[:, -1] = 3
@@ -179,7 +164,7 @@ def test_beam_search_of_a_trained_model_decodes_the_same_through_it(
 def test_a_finished_cache_is_freed_at_once(kernel: ModuleType) -> None:
     """No reference cycle: a batch's buffers go when its search drops the cache, not
     whenever Python's cycle collector runs (memory grew with the input when they did)."""
-    model = _model()
+    model = decode_model("fp32", max_positions=64)
     model.attention_kernel = kernel
     src = torch.randint(4, 50, (2, 5), generator=torch.Generator().manual_seed(3))
     cache = model.new_cache()
