@@ -13,8 +13,9 @@ attention over the SlotCache (`csrc/attention.cpp`) and beam search's bookkeepin
 its one-pass candidate selection (`csrc/beam_topk.cpp`).
 
 The source is built with PyTorch's extension builder (a C++ compiler and ninja) once per
-source and PyTorch version, into a per-user cache (`TORCH_EXTENSIONS_DIR` if set); where
-that fails, decoding keeps the Python step and the caller is told why.
+source text, source directory and PyTorch version, into a per-user cache
+(`TORCH_EXTENSIONS_DIR` if set); where that fails, decoding keeps the Python step and the
+caller is told why.
 """
 
 from __future__ import annotations
