@@ -6,9 +6,9 @@
 Translates the first --lines sentences one batch at a time (beam 4, one thread), as
 `nmt translate --batch-size N` does, and prints per decoder step: how many times each
 operator ran, its own time, and the share of the step, plus the wall time per step
-and what the profiler does not see (Python between the operators, and the compiled
-module's own products and candidate selection, which are not PyTorch operators); at
-batch 1 also the steps beam search took per output token. Operator times are inflated
+and what the profiler does not see (Python between the operators); the compiled
+module's kernels are listed under their own names (`nmt::...`). At batch 1 it also
+prints the steps beam search took per output token. Operator times are inflated
 by the profiler itself and by other load on the machine; the counts are exact.
 """
 
@@ -44,8 +44,7 @@ def main() -> None:
     translator = Translator.from_checkpoint(load_checkpoint(args.model), cfg, 1)
     translator.translate(lines[:8])  # warm-up: kernels, allocator
 
-    # Decoder steps, counted at the model: some are one call into the compiled module,
-    # whose own kernels are no PyTorch operators the profiler could count.
+    # Decoder steps, counted at the model: no operator runs exactly once a step.
     steps = 0
     step = translator.model.decode_step
 

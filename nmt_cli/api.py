@@ -54,7 +54,8 @@ class Translator:
         On a CPU the decoder step is compiled C++ unless `compiled_step=False`: the first
         load on a machine builds it (about 30 s; `on_compile` is called before), and where
         it cannot be built `on_fallback` gets the reason (default: a warning) and decoding
-        stays in Python (the same fp32 results; bf16 and int8 may differ in the last bit).
+        stays in Python (the same fp32 results; bf16 and int8, without the module's kernels,
+        may differ in a few lines).
         Raises NmtError for an unusable checkpoint or models that cannot be ensembled.
         """
         cfg = config or DecodeConfig()

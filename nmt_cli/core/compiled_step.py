@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.core.cache import SlotCache, StepCache
-from nmt_cli.core.decode_linear import Int8Linear, PackedLinear
+from nmt_cli.core.decode_linear import Int8Linear, PackedLinear, module_of
 from nmt_cli.core.search import BeamAdvance, kernel_advance, torch_advance
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
@@ -224,8 +224,7 @@ def attach_compiled_steps(models: list[Transformer], kernel: ModuleType) -> None
     PyTorch's attention, whose arithmetic their outputs are promised to match."""
     for model in models:
         model.compiled_step = CompiledStep(model, kernel)
-        on_module = getattr(model.projection, "kernel", None) is not None
-        if on_module and kernel.attention_kernel_available():
+        if module_of(model.projection) is not None and kernel.attention_kernel_available():
             model.attention_kernel = kernel
 
 
