@@ -20,7 +20,7 @@ from nmt_cli.commands.common import (
 )
 from nmt_cli.commands.progress import CountProgress
 from nmt_cli.config import DECODE_PRECISIONS, DecodeConfig, DecodePrecision
-from nmt_cli.core.memory import Releaser
+from nmt_cli.cpu_decode.memory import Releaser
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 from nmt_cli.outputs import check_output_path, open_output

@@ -20,11 +20,12 @@ import torch
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.batching import pad_sources
-from nmt_cli.core.compiled_step import beam_advance
+
 from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.engines.alignment import MERGE_NOTE, merge_words, word_labels
+from nmt_cli.engines.models import beam_advance
 from nmt_cli.engines.attention_views import EveryAttention
 from nmt_cli.engines.translate import Translator
 from nmt_cli.errors import NmtError

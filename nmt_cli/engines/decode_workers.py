@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nmt_cli.core.memory import Releaser
+from nmt_cli.cpu_decode.memory import Releaser
 from nmt_cli.core.search import Hypothesis
 from nmt_cli.errors import NmtError
 

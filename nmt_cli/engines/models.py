@@ -13,7 +13,12 @@ from pathlib import Path
 import torch
 
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
-from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps, prepare_kernel
+from nmt_cli.core.compiled_step import (
+    CompileError,
+    attach_compiled_steps,
+    beam_advance,
+    prepare_kernel,
+)
 from nmt_cli.core.decode_linear import LinearKind, specialise_linears
 from nmt_cli.core.ensemble import Ensemble, check_same_vocabularies
 from nmt_cli.core.precision import DecodePrecision, dtype_of

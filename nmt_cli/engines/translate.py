@@ -19,7 +19,7 @@ from torch import Tensor
 from nmt_cli.config import CPU_BATCH_SENTENCES, GPU_BATCH_SENTENCES, DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint
-from nmt_cli.core.compiled_step import beam_advance
+
 from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
@@ -35,7 +35,7 @@ from nmt_cli.engines.attention_views import (
     default_layer,
 )
 from nmt_cli.engines.decode_workers import DecodePool
-from nmt_cli.engines.models import ModelPaths, build_decoder, load_checkpoints
+from nmt_cli.engines.models import ModelPaths, beam_advance, build_decoder, load_checkpoints
 from nmt_cli.errors import NmtError, UsageError
 
 

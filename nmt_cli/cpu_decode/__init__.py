@@ -1,0 +1,1 @@
+"""CPU decoding backend: placeholder."""
