@@ -20,13 +20,14 @@ from typing import Any, Literal
 
 from nmt_cli.core.attention_kernels import ATTENTION_BACKENDS, AttentionBackend
 from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.precision import (
+    DECODE_PRECISIONS,
+    DecodePrecision,  # noqa: F401 - imported from here by commands/translate.py
+    DecodePrecisionSetting,
+    PrecisionSetting,
+)
 from nmt_cli.core.settings import SettingError, above, at_least, below, fraction, one_of
 from nmt_cli.errors import NmtError
-
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
-# Decoding may also run int8 (CPU only): quantized linear layers, see core/decode_linear.py.
-DecodePrecision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
-DECODE_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 
 
 class ConfigError(NmtError):
@@ -101,7 +102,7 @@ class TrainConfig:
     save_interval_minutes: float = 10.0
     save_interval_steps: int = 0  # 0 = by time only
     keep_last: int = 20
-    precision: Precision = "auto"
+    precision: PrecisionSetting = "auto"
     seed: int = 1
     log_interval_steps: int = 50
     validate_bleu_sentences: int = 0  # greedy BLEU on the first M dev sentences; 0 = off
@@ -156,14 +157,14 @@ class DecodeConfig:
     max_len_b: int = 50
     batch_sentences: int = 0  # 0 = auto: CPU_BATCH_SENTENCES or GPU_BATCH_SENTENCES
     batch_tokens: int = 0  # 0 = limit by sentences only
-    precision: DecodePrecision = "auto"
+    precision: DecodePrecisionSetting = "auto"  # int8: CPUs only
     average_last: int = 5  # checkpoints averaged for the final model (base 5, big 20)
     nbest: int = 1  # hypotheses kept per sentence (at most beam_size)
     device: str = "auto"  # "cpu", "cuda", "cuda:1", ...; auto = cuda if available
     threads: int = 0  # CPU threads; 0 = all cores available to the process
     workers: int = 0  # CPU batches decoded side by side; 0 = one per thread
     buffer_lines: int = 2000  # read-ahead: lines sorted by length together, memory bound
-    compiled_step: bool = True  # CPUs: the decoder step as one C++ call (core/compiled_step.py)
+    compiled_step: bool = True  # CPUs: the decoder step as one C++ call (cpu_decode/step.py)
 
     def __post_init__(self) -> None:
         one_of("decode", self, "precision", DECODE_PRECISIONS)

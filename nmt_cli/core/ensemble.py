@@ -18,13 +18,44 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from torch import Tensor, nn
 
 from nmt_cli.core.cache import StepCache
-from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.vocab import Vocab, VocabPair
 from nmt_cli.errors import NmtError
+
+
+class Member(Protocol):
+    """What an ensemble needs of a member: a Transformer, or a backend's wrapper of one
+    (nmt_cli/cpu_decode's CpuDecoder), with search's interface and the configuration."""
+
+    @property
+    def cfg(self) -> ModelConfig: ...
+
+    @property
+    def max_positions(self) -> int: ...
+
+    def source_mask(self, src: Tensor) -> Tensor: ...
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
+
+    def encode_with_attention(
+        self, src: Tensor, src_mask: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]: ...
+
+    def new_cache(self) -> StepCache: ...
+
+    def decode_step(
+        self,
+        last_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: Any,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None]: ...
 
 
 @dataclass
@@ -45,17 +76,17 @@ class EnsembleCache:
 class Ensemble(nn.Module):
     """Members in an nn.ModuleList, so `.to()`, `.eval()` and `.parameters()` reach all."""
 
-    def __init__(self, members: Sequence[Transformer]) -> None:
+    def __init__(self, members: Sequence[nn.Module]) -> None:
         super().__init__()
         if not members:
             raise ValueError("an ensemble needs at least one model")
-        pad_ids = {m.cfg.pad_id for m in members}
+        pad_ids = {cast(Member, m).cfg.pad_id for m in members}
         if len(pad_ids) > 1:
             raise ValueError(f"ensemble members disagree on the padding id: {sorted(pad_ids)}")
         self.members = nn.ModuleList(members)
 
-    def models(self) -> list[Transformer]:
-        return [m for m in self.members if isinstance(m, Transformer)]
+    def models(self) -> list[Member]:
+        return [cast(Member, m) for m in self.members]
 
     @property
     def max_positions(self) -> int:
@@ -100,8 +131,8 @@ class Ensemble(nn.Module):
         return total / n, None if weights is None else [w / n for w in weights]
 
 
-def members(model: Transformer | Ensemble) -> list[Transformer]:
-    """The Transformers behind a searchable model: itself, or an ensemble's members."""
+def members(model: Member | Ensemble) -> list[Member]:
+    """The single models behind a searchable model: itself, or an ensemble's members."""
     return model.models() if isinstance(model, Ensemble) else [model]
 
 

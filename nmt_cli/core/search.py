@@ -22,8 +22,8 @@ finished hypotheses that no open beam can beat, or no open beam is left.
 Speed: everything is batched over sentences x beams in one (N*K, V) step, the encoder
 runs once per batch, the first step runs on one row per sentence (all beams are equal
 then) and only then expands the cache to K rows, candidates come from one `topk` over
-the flattened (N, K*V) scores (no full-vocabulary sort; on CPUs the compiled module's
-one pass, with the rest of a step's bookkeeping: `BeamAdvance`), and finished sentences
+the flattened (N, K*V) scores (no full-vocabulary sort; a decoding backend may do that
+and the rest of a step's bookkeeping in one call: `BeamAdvance`), and finished sentences
 leave the batch so late steps only pay for the sentences still open.
 
 Attention for pictures and alignments: with `need_weights`, beam search asks the model for
@@ -37,8 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -113,9 +112,9 @@ BeamAdvance = Callable[[Tensor, Tensor, Tensor, int], Advance]
 
 def torch_advance(lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
     """Any device's: the sums in place, then one `topk` over each sentence's K*V of them
-    (no full-vocabulary sort), a dozen tensor operations in all. On CPUs the compiled
-    module's `beam_advance` does the same in one call (core/csrc/beam_topk.cpp), choosing
-    in one pass; equal scores may rank differently (see there)."""
+    (no full-vocabulary sort), a dozen tensor operations in all: the reference. A
+    decoding backend may do the same in one call that chooses in one pass, where equal
+    scores may rank differently."""
     _mask_specials(lprobs)
     n, vocab = lprobs.size(0) // k, lprobs.size(1)
     top_lp, flat = lprobs.add_(cum.view(-1, 1)).view(n, -1).topk(k, dim=1)
@@ -133,18 +132,13 @@ def _with_ends(top_lp: Tensor, tokens: Tensor, origin: Tensor, history: Tensor) 
     return Advance(top_lp, cum, tokens, origin, history, ended, bool(ended.any()))
 
 
-def kernel_advance(kernel: ModuleType) -> BeamAdvance:
-    """The compiled module's `beam_advance` as a BeamAdvance."""
-
-    def advance(lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
-        return Advance(*kernel.beam_advance(lprobs, cum, history, k, EOS_ID, [PAD_ID, BOS_ID]))
-
-    return advance
+LengthT = TypeVar("LengthT", float, Tensor)
 
 
-def length_penalty_value(length: int | float, alpha: float) -> float:
-    """GNMT: lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| including the end-of-sentence token."""
-    return float(((5.0 + length) / 6.0) ** alpha)
+def length_penalty_value(length: LengthT, alpha: float) -> LengthT:
+    """GNMT: lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| including the end-of-sentence token;
+    of a number or, elementwise, of a tensor of lengths."""
+    return ((5.0 + length) / 6.0) ** alpha
 
 
 def max_output_lengths(
@@ -224,7 +218,7 @@ def greedy_search(
         log_prob = log_prob + best_lp
         ended = tokens == EOS_ID
         if bool(ended.any()):
-            lp = length_penalty_value(step + 1, alpha)
+            lp = length_penalty_value(step + 1.0, alpha)
             ended_rows = ended.nonzero().squeeze(1)
             ids_list = history.index_select(0, ended_rows).tolist()
             sents = alive[ended_rows].tolist()
@@ -325,7 +319,7 @@ class _BeamSearch:
         self.advance = advance
         self.limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
         # Largest penalty a hypothesis of each sentence can reach (EOS at the length limit).
-        self.lp_at_limit = ((5.0 + self.limit.double() + 1.0) / 6.0) ** alpha
+        self.lp_at_limit = length_penalty_value(self.limit.double() + 1.0, alpha)
         n = src.size(0)
         self.finished: list[list[Hypothesis]] = [[] for _ in range(n)]
         # Score of each sentence's nbest-th finished hypothesis; -inf until it has nbest.
@@ -422,7 +416,7 @@ class _BeamSearch:
         attention trace)."""
         if chosen.any_ended:
             self.any_finished = True
-            lp = length_penalty_value(step + 1, self.alpha)
+            lp = length_penalty_value(step + 1.0, self.alpha)
             where = chosen.ended.nonzero()  # (F, 2): sentence row, beam slot
             rows = where[:, 0] * self.k + where[:, 1]
             ids_list = chosen.history.index_select(0, rows)[:, :-1].tolist()
@@ -454,7 +448,7 @@ class _BeamSearch:
         (lp grows with length for alpha > 0, shrinks for alpha < 0).
         """
         best_open = cum.max(dim=1).values  # (N,) -inf when every slot is closed
-        lp_next = ((5.0 + step + 1.0) / 6.0) ** self.alpha
+        lp_next = length_penalty_value(step + 1.0, self.alpha)
         bound = best_open / open_set.lp_at_limit.clamp(min=lp_next)
         return self.kth_best[open_set.sent_ids] >= bound
 

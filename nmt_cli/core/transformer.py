@@ -13,9 +13,8 @@ from every real position; source padding is masked explicitly with a key mask.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import cast
 
 import torch
@@ -29,11 +28,11 @@ from nmt_cli.core.attention_kernels import (
     mask_kind,
     sdpa_backends,
 )
-from nmt_cli.core.cache import AttentionCache, DecoderCache, SlotCache, StepCache
-from nmt_cli.core.decode_linear import linear, linear_add, linear_relu, log_probs
+from nmt_cli.core.cache import AttentionCache, DecoderCache, StepCache
 from nmt_cli.core.dropout import Dropout
 from nmt_cli.core.model_config import ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
+from nmt_cli.core.step_linear import linear, linear_add, linear_relu
 
 __all__ = ["ModelConfig", "PositionKind", "Transformer", "count_parameters"]
 
@@ -186,7 +185,7 @@ class MultiHeadAttention(nn.Module):
         Cross-attention projects `memory` on the first step and reads the cache after.
         The cache computes the attention itself, the way its layout wants
         (core/cache.py), and the output projection adds the residual
-        (core/decode_linear.linear_add): a step is mostly per-operation overhead, so
+        (core/step_linear.linear_add): a step is mostly per-operation overhead, so
         every operation saved counts.
         """
         if self.self_attention:
@@ -333,14 +332,6 @@ class Transformer(nn.Module):
         self.tgt_embed = Embedding(tgt_tokens, cfg)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
-        # A decode-only replacement of the tied output projection (core/decode_linear.py).
-        self.projection: nn.Module | None = None
-        # A decode-only replacement of decode_step on CPUs: the same operations as one
-        # C++ call (core/compiled_step.py).
-        self.compiled_step: Callable[[Tensor, StepCache], Tensor] | None = None
-        # The compiled module, when its attention kernel decodes this model (bf16 and
-        # int8 on CPUs): new caches are SlotCaches (core/cache.py).
-        self.attention_kernel: ModuleType | None = None
         for name, p in self.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
@@ -406,8 +397,6 @@ class Transformer(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(..., D) -> (..., V) through the tied output projection, no bias."""
-        if self.projection is not None:
-            return linear(self.projection, hidden)
         return F.linear(hidden, self.output_weight)
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
@@ -426,15 +415,11 @@ class Transformer(nn.Module):
             if isinstance(module, MultiHeadAttention):
                 module.backend = policy
 
-    def new_cache(self) -> StepCache:
-        """An empty cache (core/cache.py): a SlotCache for the attention kernel when the
-        model has one; otherwise on a CPU it attends in float32 whatever the model's
-        dtype, elsewhere in the model's dtype."""
+    def new_cache(self) -> DecoderCache:
+        """An empty cache (core/cache.py). On a CPU it attends in float32 whatever the
+        model's dtype (oneDNN's bf16 products are slow at one-query shapes), elsewhere in
+        the model's dtype."""
         first = cast(DecoderLayer, self.decoder[0]).self_attn
-        if self.attention_kernel is not None:
-            return SlotCache(
-                self.attention_kernel, first.h, first.d_k, first.d_v, len(self.decoder)
-            )
         weight = self.output_weight
         dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
         return DecoderCache.empty(len(self.decoder), dtype, first.h)
@@ -447,7 +432,8 @@ class Transformer(nn.Module):
         cache: StepCache,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """One decoding step: (B,) newest tokens -> log-probabilities (B, V) of the next.
+        """One decoding step: (B,) newest tokens -> log-probabilities (B, V) of the next,
+        in float32.
 
         Self-attention keys/values of the prefix come from the cache; cross-attention
         keys/values are computed from `memory` on the first step and reused after.
@@ -455,10 +441,19 @@ class Transformer(nn.Module):
         row-first tensors (what search records): every decoder layer's self-attention
         (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S).
         """
-        if self.compiled_step is not None and not need_weights:
-            if cache.length == 0:
-                self._cache_memory(memory, src_mask, cache)
-            return self.compiled_step(last_tokens, cache), None
+        hidden, weights = self.step_hidden(last_tokens, memory, src_mask, cache, need_weights)
+        return torch.log_softmax(self.logits(hidden), -1, dtype=torch.float32), weights
+
+    def step_hidden(
+        self,
+        last_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: StepCache,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """`decode_step` up to the decoder's last hidden states (B, D), before the output
+        projection: the part a decoding backend reuses with its own projection."""
         y = self.tgt_embed.step(last_tokens, cache.length)
         own: list[Tensor] = []
         cross: list[Tensor] = []
@@ -470,12 +465,11 @@ class Transformer(nn.Module):
                 own.append(self_w)
                 cross.append(cross_w)
         cache.length += 1
-        lprobs = log_probs(self.projection, self.logits(y))
-        return lprobs, [*own, *cross] if need_weights else None
+        return y, [*own, *cross] if need_weights else None
 
-    def _cache_memory(self, memory: Tensor, src_mask: Tensor, cache: StepCache) -> None:
+    def cache_memory(self, memory: Tensor, src_mask: Tensor, cache: StepCache) -> None:
         """Every decoder layer's cross-attention keys/values of `memory` in `cache`: the
-        first step's own work, done here when the compiled step takes that step."""
+        first step's own work, for a step that expects them there already."""
         layer_caches: Sequence[AttentionCache] = cache.layers
         for layer, layer_cache in zip(self.decoder, layer_caches, strict=True):
             if not layer_cache.has_memory():

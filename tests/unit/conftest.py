@@ -7,8 +7,8 @@ from types import ModuleType
 import pytest
 from reverser import train_reverser
 
-from nmt_cli.core.compiled_step import load_kernel
 from nmt_cli.core.transformer import Transformer
+from nmt_cli.cpu_decode.build import CompileError, load_kernel
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +19,10 @@ def reverser() -> Transformer:
 
 @pytest.fixture(scope="session")
 def kernel() -> ModuleType:
-    """The compiled module (core/compiled_step.py), built once per PyTorch version and
-    source (tens of seconds the first time)."""
-    return load_kernel()
+    """The compiled module (cpu_decode/build.py), built once per PyTorch version and
+    source (tens of seconds the first time); its tests skip where it cannot be built
+    (no C++ compiler), as decoding then falls back to the Python step."""
+    try:
+        return load_kernel()
+    except CompileError as exc:
+        pytest.skip(f"the compiled module cannot be built here: {exc}")

@@ -1,6 +1,8 @@
 """The compiled (C++) decoder step is the Python step, bit for bit: every precision the
 CPU decodes in, padded sources, beam reorders, sentences leaving the batch, ensembles;
-and where it cannot be built, decoding falls back to the Python step and says why."""
+the two sides name what they exchange (a field one side lacks stops it at load); a model
+with settings the step does not implement decodes on the reference step; and where it
+cannot be built, decoding falls back to the Python step and says why."""
 
 from __future__ import annotations
 
@@ -15,27 +17,30 @@ from typing import cast
 
 import pytest
 import torch
-from decode_models import decode_model
+from decode_models import decode_model, random_model, wrap
 from reverser import reverse_batch
 from torch import Tensor
 
-from nmt_cli.core import compiled_step
-from nmt_cli.core.cache import DecoderCache, SlotCache
+from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.checkpoint import Checkpoint, model_state
-from nmt_cli.core.compiled_step import CompileError, attach_compiled_steps
-from nmt_cli.core.decode_linear import Int8Linear, PackedLinear, log_probs
 from nmt_cli.core.ensemble import Ensemble
-from nmt_cli.core.search import beam_search, kernel_advance, torch_advance
+from nmt_cli.core.search import beam_search, torch_advance
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
+from nmt_cli.cpu_decode import build
+from nmt_cli.cpu_decode.build import CompileError
+from nmt_cli.cpu_decode.decoder import CpuDecoder, kernel_advance
+from nmt_cli.cpu_decode.linear import Int8Linear, PackedLinear, log_probs, packed_bf16_available
+from nmt_cli.cpu_decode.slot_cache import SlotCache
 from nmt_cli.engines.models import build_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _checkpoint(model: Transformer) -> Checkpoint:
+def _checkpoint(model: Transformer | CpuDecoder) -> Checkpoint:
     """The model's weights as a checkpoint; build_decoder reads no vocabulary of one."""
-    return Checkpoint(model.cfg, cast(VocabPair, None), model_state(model))
+    core = model.model if isinstance(model, CpuDecoder) else model
+    return Checkpoint(core.cfg, cast(VocabPair, None), model_state(core))
 
 
 def _sources() -> Tensor:
@@ -49,17 +54,17 @@ def _sources() -> Tensor:
     return src
 
 
-def _python_step(models: list[Transformer], run: Callable[[], list]) -> list:
+def _python_step(models: list[CpuDecoder], run: Callable[[], list]) -> list:
     """`run()` with the models' compiled steps set aside: the Python step, over the same
     caches and kernels (attention, candidate selection) as the compiled one."""
-    steps = [m.compiled_step for m in models]
+    steps = [m.step for m in models]
     for m in models:
-        m.compiled_step = None
+        m.step = None
     try:
         return run()
     finally:
         for m, step in zip(models, steps, strict=True):
-            m.compiled_step = step
+            m.step = step
 
 
 def _same_hypotheses(a: list, b: list) -> None:
@@ -139,10 +144,14 @@ def test_bf16_and_int8_steps_use_it_and_fp32_keeps_pytorchs(kernel: ModuleType) 
     logits = torch.randn(2, 50)
     assert torch.equal(log_probs(None, logits), torch.log_softmax(logits, -1))
     packed = decode_model("bf16", kernel).projection
+    if not kernel.bf16_kernel_available():
+        pytest.skip("this CPU has no AVX-512 BF16: bf16 keeps PyTorch's log-softmax too")
     assert torch.equal(log_probs(packed, logits), kernel.fast_log_softmax(logits))
 
 
 def test_more_rows_than_the_kernel_takes_go_to_onednn(kernel: ModuleType) -> None:
+    if not kernel.bf16_kernel_available():
+        pytest.skip("this CPU has no AVX-512 BF16")
     torch.manual_seed(0)
     w, b = torch.randn(40, 32).bfloat16(), torch.randn(40).bfloat16()
     x = torch.randn(129, 32).bfloat16()
@@ -207,50 +216,114 @@ def test_candidate_selection_ranks_ties_by_index_and_fills_with_minus_inf(
     assert values.tolist() == [[-2.0, float("-inf")]] and indices.tolist() == [[5, 0]]
 
 
+def _steps_agree(model: CpuDecoder) -> None:
+    """Six steps of the compiled step against the Python step, each over its own cache,
+    from the same tokens, with beam reorders: equal log-probabilities and caches, or an
+    AssertionError. This is the test that holds the two steps together."""
+    step, model.step = model.step, None
+    assert step is not None
+    src = _sources()
+    python, compiled = model.new_cache(), model.new_cache()
+    slotted = isinstance(python, SlotCache)
+    mask = model.source_mask(src)
+    try:
+        with torch.inference_mode():
+            memory = model.encode(src, mask)
+            tokens = torch.tensor([2, 7, 9, 11])
+            for position in range(6):
+                expected, _ = model.decode_step(tokens, memory, mask, python)
+                model.step = step
+                got, _ = model.decode_step(tokens, memory, mask, compiled)
+                model.step = None
+                assert got.dtype == torch.float32
+                assert torch.equal(got, expected), f"log-probabilities differ at {position}"
+                for a, b in zip(python.layers, compiled.layers, strict=True):
+                    # a SlotCache's buffers hold what the steps wrote, and garbage after that
+                    written = (slice(None), slice(0, position + 1)) if slotted else (...,)
+                    assert torch.equal(a.self_k[written], b.self_k[written])
+                    assert torch.equal(a.self_v[written], b.self_v[written])
+                assert python.length == compiled.length == position + 1
+                tokens = got.argmax(-1)
+                if position in (1, 2):  # two reorders in a row compose, then are applied once
+                    order = torch.tensor([3, 0, 0, 2])
+                    python.reorder(order, cross=False)
+                    compiled.reorder(order, cross=False)
+    finally:
+        model.step = step
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int8 without VNNI"])
 def test_each_step_and_its_cache_equal_the_python_step(kernel: ModuleType, precision: str) -> None:
     """With "int8 without VNNI" the layers are on PyTorch's quantized kernels, as on CPUs
     whose int8 the module cannot run, called from the compiled step through the
-    dispatcher; bf16 and int8 decode over the SlotCache, fp32 over the DecoderCache."""
-    fbgemm = precision == "int8 without VNNI"
-    model = decode_model("int8") if fbgemm else decode_model(precision, kernel)
-    attach_compiled_steps([model], kernel)
-    step, model.compiled_step = model.compiled_step, None
-    src = _sources()
-    python, compiled = model.new_cache(), model.new_cache()
-    slotted = precision in ("bf16", "int8")
-    assert isinstance(python, SlotCache if slotted else DecoderCache)
-    mask = model.source_mask(src)
-    with torch.inference_mode():
-        memory = model.encode(src, mask)
-        tokens = torch.tensor([2, 7, 9, 11])
-        for position in range(6):
-            expected, _ = model.decode_step(tokens, memory, mask, python)
-            model.compiled_step = step
-            got, _ = model.decode_step(tokens, memory, mask, compiled)
-            model.compiled_step = None
-            assert got.dtype == torch.float32
-            assert torch.equal(got, expected)
-            for a, b in zip(python.layers, compiled.layers, strict=True):
-                # a SlotCache's buffers hold what the steps wrote, and garbage after that
-                written = (slice(None), slice(0, position + 1)) if slotted else (...,)
-                assert torch.equal(a.self_k[written], b.self_k[written])
-                assert torch.equal(a.self_v[written], b.self_v[written])
-            assert python.length == compiled.length == position + 1
-            tokens = got.argmax(-1)
-            if position in (1, 2):  # two reorders in a row compose, then are applied once
-                order = torch.tensor([3, 0, 0, 2])
-                python.reorder(order, cross=False)
-                compiled.reorder(order, cross=False)
+    dispatcher; bf16 and int8 decode over the SlotCache where the CPU runs the module's
+    attention kernel, fp32 always over the DecoderCache."""
+    if precision == "int8 without VNNI":
+        model = wrap(random_model(), "int8", None)
+        model = CpuDecoder(model.model, model.projection, kernel)
+    else:
+        model = decode_model(precision, kernel, compiled=True)
+    slotted = precision in ("bf16", "int8") and kernel.attention_kernel_available()
+    assert isinstance(model.new_cache(), SlotCache if slotted else DecoderCache)
+    _steps_agree(model)
+
+
+def test_a_change_to_the_python_step_alone_is_caught(
+    kernel: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference changes (here the feed-forward's residual, as a later edit of core
+    might) and the C++ step does not: the equality test fails."""
+    from nmt_cli.core.transformer import FeedForward
+
+    original = FeedForward.step
+    monkeypatch.setattr(FeedForward, "step", lambda self, x: original(self, x) * 1.001)
+    with pytest.raises(AssertionError, match="log-probabilities differ"):
+        _steps_agree(decode_model("fp32", kernel, compiled=True))
+
+
+def test_the_two_sides_name_the_same_fields(kernel: ModuleType) -> None:
+    from nmt_cli.cpu_decode.contract import STRUCTURES
+
+    assert {k: sorted(v) for k, v in kernel.contract().items()} == {
+        k: sorted(v) for k, v in STRUCTURES.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("side", "message"),
+    [("python", "layer.self_gate only in Python"), ("c++", "norm.gain only in C++")],
+)
+def test_a_field_on_one_side_only_stops_the_step_at_load_with_its_name(
+    kernel: ModuleType, monkeypatch: pytest.MonkeyPatch, side: str, message: str
+) -> None:
+    from nmt_cli.cpu_decode import contract
+
+    told: list[str] = []
+    if side == "python":
+        changed = {**contract.STRUCTURES, "layer": (*contract.STRUCTURES["layer"], "self_gate")}
+        monkeypatch.setattr(contract, "STRUCTURES", changed)
+        theirs = kernel
+    else:
+        table = kernel.contract()
+        table["norm"] = [*table["norm"], "gain"]
+        theirs = cast(ModuleType, type("Changed", (), {"contract": staticmethod(lambda: table)}))
+    with pytest.raises(contract.ContractError, match=message):
+        contract.check_contract(theirs)
+    if side == "python":  # through the backend: one notice, the reference step
+        ckpt = _checkpoint(random_model())
+        model, _ = build_decoder(
+            [ckpt], ["a"], torch.device("cpu"), "fp32", True, lambda: None, told.append
+        )
+        assert isinstance(model, CpuDecoder) and model.step is None
+        assert len(told) == 1 and message in told[0]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int) -> None:
-    model = decode_model(precision, kernel)
+    model = decode_model(precision, kernel, compiled=True)
     src = _sources()
-    attach_compiled_steps([model], kernel)
-    assert model.compiled_step is not None
+    assert model.step is not None
     advance = kernel_advance(kernel)
 
     def run() -> list:
@@ -261,7 +334,7 @@ def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int)
         _same_hypotheses(
             run(),
             beam_search(
-                decode_model(precision),
+                random_model(),
                 src,
                 beam,
                 max_len_b=12,
@@ -279,13 +352,13 @@ def test_sentences_that_finish_leave_the_batch_the_same_way(
     model = copy.deepcopy(reverser).eval()
     src = reverse_batch(12, torch.Generator().manual_seed(1))[0]
     expected = beam_search(model, src, 4)
-    attach_compiled_steps([model], kernel)
-    _same_hypotheses(beam_search(model, src, 4), expected)
+    _same_hypotheses(beam_search(CpuDecoder(model, None, kernel), src, 4), expected)
 
 
 def test_an_int8_sentence_translates_the_same_alone_and_in_a_batch(kernel: ModuleType) -> None:
-    model = decode_model("int8", kernel)
-    attach_compiled_steps([model], kernel)
+    model = decode_model("int8", kernel, compiled=True)
+    if not kernel.int8_kernel_available():
+        pytest.skip("this CPU has no AVX-512 VNNI: PyTorch's int8 scales the batch at once")
     src = torch.randint(4, 50, (5, 7), generator=torch.Generator().manual_seed(2))
     src[:, -1] = 3  # equal lengths: no padding, whose softmax sums differ in the last bit
     together = beam_search(model, src, 4, max_len_b=10, advance=kernel_advance(kernel))
@@ -295,19 +368,22 @@ def test_an_int8_sentence_translates_the_same_alone_and_in_a_batch(kernel: Modul
 
 
 def test_separate_key_and_value_sizes_and_learned_positions(kernel: ModuleType) -> None:
-    model = decode_model("fp32", d_k=6, d_v=10, positions="learned")
+    model = random_model(d_k=6, d_v=10, positions="learned")
     src = _sources()
     expected = beam_search(model, src, 3, max_len_b=10)
-    attach_compiled_steps([model], kernel)
-    _same_hypotheses(beam_search(model, src, 3, max_len_b=10), expected)
+    compiled = CpuDecoder(model, None, kernel)
+    assert compiled.step is not None
+    _same_hypotheses(beam_search(compiled, src, 3, max_len_b=10), expected)
 
 
 def test_an_ensemble_of_compiled_members_decodes_as_their_python_steps(
     kernel: ModuleType,
 ) -> None:
-    members = [decode_model("bf16", kernel, seed=1), decode_model("bf16", kernel, seed=2)]
+    members = [
+        decode_model("bf16", kernel, seed=1, compiled=True),
+        decode_model("bf16", kernel, seed=2, compiled=True),
+    ]
     src = _sources()
-    attach_compiled_steps(members, kernel)
     run = lambda: beam_search(Ensemble(members).eval(), src, 4, max_len_b=10)  # noqa: E731
     _same_hypotheses(run(), _python_step(members, run))
 
@@ -318,11 +394,9 @@ def test_attention_weights_are_recorded_by_the_python_step(
 ) -> None:
     """fp32: PyTorch's weights, as without the module; bf16: the attention kernel's,
     close to PyTorch's over the reference cache."""
-    model = decode_model(precision, kernel)
-    src = _sources()
-    reference = beam_search(model, src, 2, max_len_b=8, need_weights=True)
-    attach_compiled_steps([model], kernel)
-    got = beam_search(model, src, 2, max_len_b=8, need_weights=True)
+    reference = beam_search(decode_model(precision), _sources(), 2, max_len_b=8, need_weights=True)
+    model = decode_model(precision, kernel, compiled=True)
+    got = beam_search(model, _sources(), 2, max_len_b=8, need_weights=True)
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in reference]
     for a, b in zip(got, reference, strict=True):
         assert a[0].attention is not None and b[0].attention is not None
@@ -340,8 +414,8 @@ def test_a_build_that_fails_is_reported_and_decoding_stays_in_python(
     def broken() -> ModuleType:
         raise CompileError("no C++ compiler (c++) on PATH")
 
-    monkeypatch.setattr(compiled_step, "load_kernel", broken)
-    monkeypatch.setattr(compiled_step, "is_built", lambda: False)
+    monkeypatch.setattr(build, "load_kernel", broken)
+    monkeypatch.setattr(build, "is_built", lambda: False)
     told: list[str] = []
     ckpt = _checkpoint(decode_model("fp32"))
     model, _ = build_decoder(
@@ -354,9 +428,12 @@ def test_a_build_that_fails_is_reported_and_decoding_stays_in_python(
         on_fallback=told.append,
     )
     assert told == ["compiling", "no C++ compiler (c++) on PATH"]
-    assert isinstance(model, Transformer) and model.compiled_step is None
-    packed = model.decoder[0].ffn.w1
-    assert isinstance(packed, PackedLinear) and packed.kernel is None
+    assert isinstance(model, CpuDecoder) and model.step is None
+    packed = model.model.decoder[0].ffn.w1
+    if packed_bf16_available():  # packed for oneDNN alone, without the module's kernel
+        assert isinstance(packed, PackedLinear) and packed.kernel is None
+    else:
+        assert type(packed) is torch.nn.Linear
 
 
 def test_build_decoder_gives_cpu_models_the_compiled_step(kernel: ModuleType) -> None:
@@ -366,19 +443,19 @@ def test_build_decoder_gives_cpu_models_the_compiled_step(kernel: ModuleType) ->
         [ckpt], ["a"], torch.device("cpu"), "bf16", True, lambda: told.append("compiling")
     )
     assert told == []  # already built by the fixture
-    assert isinstance(model, Transformer) and model.compiled_step is not None
+    assert isinstance(model, CpuDecoder) and model.step is not None
     plain, _ = build_decoder([ckpt], ["a"], torch.device("cpu"), "bf16", compiled_step=False)
-    assert isinstance(plain, Transformer) and plain.compiled_step is None
+    assert isinstance(plain, CpuDecoder) and plain.step is None
 
 
 def test_the_build_is_cached_per_source_and_torch_version(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    directory = compiled_step.build_directory()
+    directory = build.build_directory()
     assert directory.parent == tmp_path
     assert torch.__version__ not in directory.name  # hashed with the source text
-    assert not compiled_step.is_built()
+    assert not build.is_built()
 
 
 def test_each_source_directory_builds_its_own_module(
@@ -387,25 +464,139 @@ def test_each_source_directory_builds_its_own_module(
     """Two installations of the same sources (their paths are in the builder's ninja
     file) would otherwise rebuild the one module in turn."""
     copy = tmp_path / "csrc"
-    shutil.copytree(compiled_step._CSRC, copy)
-    here = compiled_step._module_name()
-    monkeypatch.setattr(compiled_step, "_CSRC", copy)
-    monkeypatch.setattr(compiled_step, "SOURCES", [copy / p.name for p in compiled_step.SOURCES])
-    monkeypatch.setattr(compiled_step, "HEADERS", [copy / p.name for p in compiled_step.HEADERS])
-    compiled_step._module_name.cache_clear()
+    shutil.copytree(build._CSRC, copy)
+    here = build._module_name()
+    monkeypatch.setattr(build, "_CSRC", copy)
+    monkeypatch.setattr(build, "SOURCES", [copy / p.name for p in build.SOURCES])
+    monkeypatch.setattr(build, "HEADERS", [copy / p.name for p in build.HEADERS])
+    build._module_name.cache_clear()
     try:
-        assert compiled_step._module_name() != here
+        assert build._module_name() != here
     finally:
-        compiled_step._module_name.cache_clear()
+        build._module_name.cache_clear()
 
 
 def test_a_lock_left_by_a_killed_build_is_cleared(tmp_path: Path) -> None:
     lock = tmp_path / "lock"
     lock.write_text("")
-    compiled_step._clear_stale_lock(lock)
+    build._clear_stale_lock(lock)
     assert lock.exists()  # a build may be running
-    old = time.time() - compiled_step.STALE_LOCK_SECONDS - 1
+    old = time.time() - build.STALE_LOCK_SECONDS - 1
     os.utime(lock, (old, old))
-    compiled_step._clear_stale_lock(lock)
+    build._clear_stale_lock(lock)
     assert not lock.exists()
-    compiled_step._clear_stale_lock(lock)  # nothing to clear
+    build._clear_stale_lock(lock)  # nothing to clear
+
+
+def test_a_missing_source_file_is_a_fallback_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(build, "SOURCES", [tmp_path / "gone.cpp"])
+    build._module_name.cache_clear()
+    told: list[str] = []
+    try:
+        ckpt = _checkpoint(random_model())
+        model, _ = build_decoder(
+            [ckpt], ["a"], torch.device("cpu"), "fp32", True, lambda: None, told.append
+        )
+    finally:
+        build._module_name.cache_clear()
+    assert isinstance(model, CpuDecoder) and model.step is None
+    assert len(told) == 1 and "gone.cpp" in told[0]
+
+
+def _silu_model(seed: int = 0) -> Transformer:
+    """A Transformer whose feed-forward is SiLU instead of the paper's ReLU, and whose
+    configuration says so in a field of its own."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from nmt_cli.core.model_config import ModelConfig
+    from nmt_cli.core.step_linear import linear, linear_add
+    from nmt_cli.core.transformer import FeedForward
+
+    @dataclasses.dataclass(frozen=True)
+    class WithActivation(ModelConfig):
+        activation: str = "silu"
+
+    class SiluFeedForward(FeedForward):
+        def forward(self, x: Tensor) -> Tensor:
+            return self.w2(F.silu(self.w1(x)))
+
+        def step(self, x: Tensor) -> Tensor:
+            return linear_add(self.w2, F.silu(linear(self.w1, x)), x)
+
+    torch.manual_seed(seed)
+    model = random_model(seed)
+    cfg = WithActivation(**dataclasses.asdict(model.cfg))
+    model.cfg = cfg
+    for layer in [*model.encoder, *model.decoder]:
+        ffn = SiluFeedForward(cfg)
+        ffn.load_state_dict(layer.ffn.state_dict())
+        layer.ffn = ffn
+    return model.eval()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_model_with_a_setting_the_step_does_not_implement_decodes_on_the_reference(
+    kernel: ModuleType, precision: str
+) -> None:
+    """One notice naming the setting, no compiled step and no attention kernel, and the
+    reference step's output; the compiled step would have computed another model."""
+    from nmt_cli.cpu_decode.decoder import cpu_decoders
+
+    told: list[str] = []
+    model = _silu_model()
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    (decoder,) = cpu_decoders([model], precision, True, on_fallback=told.append)
+    assert told == ["the compiled step does not implement model.activation='silu'"]
+    assert decoder.step is None and decoder.attention_kernel is None
+    src = _sources()
+    # the reference step over the same linear kernels and core's cache
+    reference = wrap(_silu_model(), precision, kernel, compiled=False, structural=False)
+    want = beam_search(reference, src, 3, max_len_b=10)
+    _same_hypotheses(beam_search(decoder, src, 3, max_len_b=10), want)
+    if precision == "fp32":
+        forced = CpuDecoder(_silu_model(), None, kernel)  # the step, told nothing
+        assert [[h.tokens for h in s] for s in beam_search(forced, src, 3, max_len_b=10)] != [
+            [h.tokens for h in s] for s in want
+        ]
+
+
+def test_every_model_setting_is_declared_by_the_backend() -> None:
+    """A setting added to core must be declared in cpu_decode/support.py (with the
+    values the step implements) before the compiled step decodes models again."""
+    import dataclasses
+
+    from nmt_cli.core.model_config import ModelConfig
+    from nmt_cli.cpu_decode.support import SUPPORTED, unsupported
+
+    assert {f.name for f in dataclasses.fields(ModelConfig)} == set(SUPPORTED)
+    assert unsupported(ModelConfig(), "bf16") == []
+    assert unsupported(ModelConfig(), "fp16") == ["precision=fp16"]
+
+
+def test_int8_without_vnni_uses_seven_bit_activations_and_stays_accurate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The saturation risk is a missing VNNI, whatever the vector width (an AVX-512 CPU
+    such as Skylake-SP has none): PyTorch's u8 x s8 pairs then sum into 16 bits. Inputs
+    whose 8-bit pair sums would overflow 16 bits, against the float product."""
+    from nmt_cli.cpu_decode import linear as linear_module
+
+    skylake = tmp_path / "cpuinfo"
+    skylake.write_text("processor: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw avx512vl\n")
+    cascade = tmp_path / "cpuinfo-vnni"
+    cascade.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert not linear_module.cpu_has_vnni.__wrapped__(skylake)
+    assert linear_module.cpu_has_vnni.__wrapped__(cascade)
+    monkeypatch.setattr(linear_module, "cpu_has_vnni", lambda: False)
+    g = torch.Generator().manual_seed(3)
+    w = torch.rand(16, 64, generator=g) + 1.0  # every weight near the top of its range
+    x = torch.rand(4, 64, generator=g) + 1.0  # and every activation
+    layer = Int8Linear(w, None)
+    assert layer.reduce_range
+    exact = x @ w.T
+    assert ((layer(x) - exact).norm() / exact.norm()) < 0.02

@@ -16,23 +16,23 @@ import torch.nn.functional as F
 from reverser import reverse_batch
 from torch import Tensor, nn
 
-from nmt_cli.core.decode_linear import (
-    Int8Linear,
-    PackedLinear,
-    linear,
-    linear_add,
-    linear_relu,
-    specialise_linears,
-)
 from nmt_cli.core.precision import resolve_decode_precision
 from nmt_cli.core.search import beam_search, greedy_search
+from nmt_cli.core.step_linear import linear, linear_add, linear_relu
 from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.cpu_decode.decoder import CpuDecoder
+from nmt_cli.cpu_decode.linear import (
+    Int8Linear,
+    PackedLinear,
+    packed_bf16_available,
+    specialise_linears,
+)
 from nmt_cli.errors import NmtError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 needs_mkldnn = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(), reason="oneDNN is not in this PyTorch build"
+    not packed_bf16_available(), reason="oneDNN cannot pack bf16 weights on this CPU"
 )
 
 
@@ -96,14 +96,14 @@ def test_specialise_swaps_every_linear_and_the_tied_projection(
     torch.manual_seed(0)
     model = Transformer(tiny_config).eval()
     n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
-    specialise_linears(model, "int8")
+    projection = specialise_linears(model, "int8")
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == n_linear + 1
-    assert isinstance(model.projection, Int8Linear)
-    assert model.projection.out_features == tiny_config.tgt_vocab_size
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == n_linear
+    assert isinstance(projection, Int8Linear)
+    assert projection.out_features == tiny_config.tgt_vocab_size
 
 
-def _decode_steps(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
+def _decode_steps(model: Transformer | CpuDecoder, src: Tensor, tgt: Tensor) -> Tensor:
     mask = model.source_mask(src)
     with torch.inference_mode():
         memory = model.encode(src, mask)
@@ -119,7 +119,7 @@ def test_packed_bf16_model_decodes_as_the_plain_bf16_model(tiny_config: ModelCon
     torch.manual_seed(0)
     plain = Transformer(tiny_config).eval().to(torch.bfloat16)
     packed = copy.deepcopy(plain)
-    specialise_linears(packed, "packed-bf16")
+    packed = CpuDecoder(packed, specialise_linears(packed, "packed-bf16"))
     src, tgt = _batch(), torch.randint(4, 40, (5, 6), generator=torch.Generator().manual_seed(4))
     a, b = _decode_steps(packed, src, tgt), _decode_steps(plain, src, tgt)
     assert (a.exp() - b.exp()).abs().max() < 0.01
@@ -128,8 +128,8 @@ def test_packed_bf16_model_decodes_as_the_plain_bf16_model(tiny_config: ModelCon
 
 @needs_mkldnn
 def test_packed_bf16_keeps_a_trained_model_exact(reverser: Transformer) -> None:
-    model = copy.deepcopy(reverser).to(torch.bfloat16)
-    specialise_linears(model, "packed-bf16")
+    core = copy.deepcopy(reverser).to(torch.bfloat16)
+    model = CpuDecoder(core, specialise_linears(core, "packed-bf16"))
     src, _, tgt_out = reverse_batch(100, torch.Generator().manual_seed(123))
     expected = [[t for t in row.tolist() if t > 3] for row in tgt_out]
     assert [h[0].tokens for h in beam_search(model, src, beam_size=4)] == expected
@@ -140,7 +140,7 @@ def test_int8_model_scores_close_to_float32(tiny_config: ModelConfig) -> None:
     fp32 = Transformer(tiny_config).eval()
     int8 = Transformer(tiny_config).eval()
     int8.load_state_dict(fp32.state_dict())
-    specialise_linears(int8, "int8")
+    int8 = CpuDecoder(int8, specialise_linears(int8, "int8"))
     src, tgt = _batch(), torch.randint(4, 40, (5, 6), generator=torch.Generator().manual_seed(4))
     a, b = _decode_steps(fp32, src, tgt), _decode_steps(int8, src, tgt)
     assert (a.exp() - b.exp()).abs().max() < 0.02  # probabilities within two points
@@ -153,8 +153,8 @@ def test_int8_decoding_is_refused_on_a_gpu() -> None:
 
 
 def test_int8_keeps_a_trained_model_exact(reverser: Transformer) -> None:
-    model = copy.deepcopy(reverser)
-    specialise_linears(model, "int8")
+    core = copy.deepcopy(reverser)
+    model = CpuDecoder(core, specialise_linears(core, "int8"))
     src, _, tgt_out = reverse_batch(100, torch.Generator().manual_seed(123))
     expected = [[t for t in row.tolist() if t > 3] for row in tgt_out]
     assert [h[0].tokens for h in beam_search(model, src, beam_size=4)] == expected

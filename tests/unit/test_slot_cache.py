@@ -18,9 +18,11 @@ from decode_models import decode_model
 from reverser import reverse_batch
 from torch import Tensor
 
-from nmt_cli.core.cache import DecoderCache, SlotCache
+from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import Transformer
+from nmt_cli.cpu_decode.decoder import CpuDecoder
+from nmt_cli.cpu_decode.slot_cache import SlotCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -110,7 +112,6 @@ def test_steps_over_the_slot_cache_equal_steps_over_the_reference_cache(
     search's first reorder does, beams reorder within their sentence, and a sentence
     leaves the batch."""
     model = decode_model("fp32", max_positions=64)
-    model.attention_kernel = kernel
     src = torch.randint(4, 50, (2, 7), generator=torch.Generator().manual_seed(3))
     src[:, -1] = 3
     src[1, 4:] = 0
@@ -150,10 +151,10 @@ def test_beam_search_of_a_trained_model_decodes_the_same_through_it(
 ) -> None:
     """bf16 slots, as bf16 and int8 models decode: sentences end at different steps and
     leave the batch; the trained model's choices do not change."""
-    model = copy.deepcopy(reverser).eval()
     src = reverse_batch(12, torch.Generator().manual_seed(1))[0]
-    expected = beam_search(model, src, 4)
-    model.attention_kernel = kernel
+    expected = beam_search(reverser, src, 4)
+    model = CpuDecoder(copy.deepcopy(reverser).eval(), None, kernel, compiled=False)
+    model.attention_kernel = kernel  # fp32 weights over the bf16 slots
     assert isinstance(model.new_cache(), SlotCache)
     got = beam_search(model, src, 4)
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in expected]
@@ -164,7 +165,7 @@ def test_beam_search_of_a_trained_model_decodes_the_same_through_it(
 def test_a_finished_cache_is_freed_at_once(kernel: ModuleType) -> None:
     """No reference cycle: a batch's buffers go when its search drops the cache, not
     whenever Python's cycle collector runs (memory grew with the input when they did)."""
-    model = decode_model("fp32", max_positions=64)
+    model = decode_model("fp32", kernel, max_positions=64)
     model.attention_kernel = kernel
     src = torch.randint(4, 50, (2, 5), generator=torch.Generator().manual_seed(3))
     cache = model.new_cache()

@@ -8,7 +8,7 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   blocked layout on every call. `PackedLinear` reorders once (the same prepacking
   PyTorch's compiler applies when it freezes weights) and calls the packed kernel, with
   bit-identical results: 1.5-2.5x faster at beam-search shapes (BENCHMARKS.md). Given
-  the compiled module (core/compiled_step.py) on a CPU with AVX-512 BF16, it also keeps
+  the compiled module (cpu_decode/build.py) on a CPU with AVX-512 BF16, it also keeps
   the weight in that module's layout, and products of up to 128 rows (a decoder step of
   up to 32 sentences at beam 4) run there: oneDNN's fixed cost of ~15 us a call is most
   of a product of a few rows, the module's kernel has none (3-5x faster at 4 rows,
@@ -19,27 +19,32 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   there is one, else per call through PyTorch's own quantized kernels (fbgemm or
   oneDNN). Everything else stays float32.
 
-`specialise_linears` swaps every linear layer of a Transformer, and its tied output
-projection, for one of these. The result decodes only: it has no gradients, and its
-packed weights are not parameters, so it is never trained or saved.
+Both are core/step_linear.py's `StepLinear`s, so the model's own decoder step calls
+them with its ReLU and residual adds fused. `specialise_linears` swaps every linear layer
+of a Transformer for one of these, and `decode_only_projection` makes one of the tied
+output projection. The result decodes only: it has no gradients, and its packed weights
+are not parameters, so it is never trained or saved.
 """
 
 from __future__ import annotations
 
 import warnings
+from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Literal, cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.core.precision import cpu_supports_bf16
+from nmt_cli.core.step_linear import StepLinear
 from nmt_cli.errors import NmtError
 
 LinearKind = Literal["packed-bf16", "int8"]
 
 
-class PackedLinear(nn.Module):
+class PackedLinear(StepLinear):
     """y = x W^T + b with W reordered once into oneDNN's layout (bf16, CPU), and into
     the compiled module's for products of few rows when `kernel` is given and the CPU
     has AVX-512 BF16."""
@@ -85,12 +90,12 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(StepLinear):
     """y ~ x W^T + b with int8 weights (one scale per output row) and int8 activations,
     accumulated in int32, returned in float32.
 
     With the compiled module (`kernel`) on a CPU with AVX-512 VNNI, each input row is
-    quantized with its own scale (core/csrc/int8_linear.cpp): a sentence's result does
+    quantized with its own scale (csrc/int8_linear.cpp): a sentence's result does
     not depend on the rest of its batch, and there is no fixed cost a call (3-5x faster
     at a few rows, 1.1-1.3x at hundreds). Otherwise PyTorch's dynamic quantized kernel,
     which quantizes the whole input with one scale."""
@@ -113,8 +118,9 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore")
             q = torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8)
             self.packed = torch.ops.quantized.linear_prepack(q, self.bias)
-        # Without VNNI, u8 x s8 products may saturate 16-bit sums: use 7-bit activations.
-        self.reduce_range = "AVX512" not in torch.backends.cpu.get_cpu_capability()
+        # Without VNNI, PyTorch's x86 kernels multiply u8 x s8 pairs into saturating
+        # 16-bit sums (vpmaddubsw), whatever the vector width: use 7-bit activations.
+        self.reduce_range = not cpu_has_vnni()
 
     def _rows(self, x: Tensor, residual: Tensor | None, relu: bool) -> Tensor:
         assert self.kernel is not None
@@ -142,27 +148,17 @@ class Int8Linear(nn.Module):
         return residual + self.forward(x)
 
 
-def linear(layer: nn.Module, x: Tensor) -> Tensor:
-    """`layer(x)` for a linear layer, plain or decode-only, without `nn.Module.__call__`'s
-    hook handling: a decoder step makes twenty such calls, and at one sentence a batch
-    the handling costs as much as a small product."""
-    if isinstance(layer, nn.Linear):
-        return F.linear(x, layer.weight, layer.bias)
-    return cast(Tensor, layer.forward(x))
-
-
-def linear_relu(layer: nn.Module, x: Tensor) -> Tensor:
-    """max(0, layer(x)), fused into the product by the decode-only layers."""
-    if isinstance(layer, PackedLinear | Int8Linear):
-        return layer.relu(x)
-    return F.relu(linear(layer, x))
-
-
-def linear_add(layer: nn.Module, x: Tensor, residual: Tensor) -> Tensor:
-    """residual + layer(x), fused into the product by the packed bf16 layer."""
-    if isinstance(layer, PackedLinear | Int8Linear):
-        return layer.add(x, residual)
-    return residual + linear(layer, x)
+@cache
+def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU multiplies bytes into 32-bit sums (AVX-512 VNNI or AVX-VNNI), read
+    from the kernel's flags; False where they cannot be read (the safe answer: 7-bit
+    activations lose a little precision, 8-bit ones without VNNI may overflow)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return bool({"avx512_vnni", "avx_vnni"} & set(flags.split()))
 
 
 def module_of(projection: nn.Module | None) -> ModuleType | None:
@@ -189,23 +185,29 @@ def int8_available() -> bool:
     return bool(engines & {"x86", "fbgemm", "onednn", "qnnpack"})
 
 
+def packed_bf16_available() -> bool:
+    """Whether oneDNN can pack bf16 weights here: it needs AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT, which AVX2-only CPUs lack (they still run bf16, unpacked)."""
+    return torch.backends.mkldnn.is_available() and cpu_supports_bf16()
+
+
 def specialise_linears(
     model: nn.Module, kind: LinearKind, kernel: ModuleType | None = None
-) -> None:
-    """Replace, in place, every `nn.Linear` under `model` and the output projection of
-    each Transformer in it (the tied embedding matrix) by a decode-only layer of `kind`.
+) -> StepLinear | None:
+    """Replace, in place, every `nn.Linear` under `model` (a Transformer) by a decode-only
+    layer of `kind`, and return one of the tied output projection (the embedding matrix),
+    None where there is nothing to pack into.
 
     The model must already be on the CPU, in bf16 for "packed-bf16" and float32 for
     "int8" (the embeddings, norms and attention stay in that dtype). `kernel`, the
-    compiled module (core/compiled_step.py), gives the layers its kernels.
+    compiled module (cpu_decode/build.py), gives the layers its kernels.
     """
     if kind == "int8" and not int8_available():
         raise NmtError("--precision int8: this PyTorch build has no quantized CPU kernels")
-    if kind == "packed-bf16" and not torch.backends.mkldnn.is_available():
-        return  # nothing to pack into; plain bf16 linear layers still work
-    from nmt_cli.core.transformer import Transformer  # the Transformer's steps import this module
+    if kind == "packed-bf16" and not packed_bf16_available():
+        return None  # nothing to pack into; plain bf16 linear layers still work
 
-    def decode_only(weight: Tensor, bias: Tensor | None) -> nn.Module:
+    def decode_only(weight: Tensor, bias: Tensor | None) -> StepLinear:
         if kind == "packed-bf16":
             return PackedLinear(weight, bias, kernel)
         return Int8Linear(weight, bias, kernel)
@@ -214,5 +216,6 @@ def specialise_linears(
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, decode_only(child.weight, child.bias))
-        if isinstance(module, Transformer):
-            module.projection = decode_only(module.output_weight, None)
+    tokens = model.get_submodule("tgt_embed.tokens")
+    assert isinstance(tokens, nn.Embedding)
+    return decode_only(tokens.weight, None)

@@ -6,7 +6,10 @@
 // its outputs are bit-identical, and only removes the Python between them. At
 // a few rows a step is a few hundred small operator calls, and calling each from Python
 // costs about as much as the operator itself (docs/ARCHITECTURE.md has the figures).
-// Any change to the Python step must be made here too; the tests compare the two.
+// The tests compare the two steps on every precision and cache layout
+// (tests/unit/test_compiled_step.py); what the Python side hands over is named, in one
+// table on each side (kContract here, nmt_cli/cpu_decode/contract.py there), compared
+// when the module is loaded.
 #include <torch/extension.h>
 
 #include "attention.h"
@@ -15,8 +18,11 @@
 #include "int8_linear.h"
 #include "log_softmax.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,7 +30,52 @@ namespace {
 
 using at::Tensor;
 using OptTensor = std::optional<Tensor>;
-// A linear layer as the Python side built it (core/decode_linear.py): a plain nn.Linear
+using Fields = std::vector<std::string>;
+
+// The named contract: the fields of each structure the Python side hands over
+// (cpu_decode/contract.py: STRUCTURES), compared at load by the Python side.
+const std::map<std::string, Fields> kContract = {
+    {"step", {"heads", "d_k", "d_v", "eps", "embed_scale", "tokens", "positions", "projection",
+              "layers"}},
+    {"layer", {"self_qkv", "self_out", "cross_q", "cross_out", "ffn_w1", "ffn_w2", "norm1",
+               "norm2", "norm3"}},
+    {"norm", {"weight", "bias"}},
+    {"linear.plain", {"weight", "bias"}},
+    {"linear.packed", {"packed", "bias", "rows", "out_features"}},
+    {"linear.int8_rows", {"rows", "scale", "column_sum", "bias", "out_features"}},
+    {"linear.int8", {"weight", "bias", "reduce_range"}},
+    // Per layer, the cache's attributes a step reads (and, over the prefix cache, writes).
+    {"cache.prefix", {"self_k", "self_v", "pending", "cross_k", "cross_v", "cross_bias"}},
+    {"cache.slots", {"self_k", "self_v", "cross_k", "cross_v", "cross_bias"}},
+};
+
+// Field `name` of `structure` in the dict `from`; a name missing from the table is a bug
+// of this file, a key missing from the dict one of the Python side: both say which.
+py::object field(const py::dict& from, const std::string& structure, const char* name) {
+  const Fields& names = kContract.at(structure);
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    throw std::logic_error(structure + ": field " + name + " is not in the contract table");
+  }
+  if (!from.contains(name)) {
+    throw std::invalid_argument(structure + ": the Python side gave no field " + name);
+  }
+  return from[name];
+}
+
+template <typename T>
+T get(const py::dict& from, const std::string& structure, const char* name) {
+  return field(from, structure, name).cast<T>();
+}
+
+OptTensor optional(const py::object& value) {
+  return value.is_none() ? OptTensor() : OptTensor(value.cast<Tensor>());
+}
+
+// A cache layer's tensor attribute (kContract's "cache.*" fields), read every step.
+OptTensor state(const py::handle& layer, const char* name) {
+  return optional(layer.attr(name));
+}
+// A linear layer as the Python side built it (cpu_decode/linear.py): a plain nn.Linear
 // (fp32), a packed bf16 one (oneDNN's layout, and this module's for few rows), an int8
 // one for this module's per-row kernel, or PyTorch's dynamically quantized int8 weight
 // (CPUs without AVX-512 VNNI).
@@ -32,34 +83,35 @@ class Linear {
  public:
   enum class Kind { kPlain, kPacked, kInt8, kInt8Rows };
 
-  explicit Linear(const py::tuple& spec) {
-    const auto kind = spec[0].cast<std::string>();
+  explicit Linear(const py::dict& spec) {
+    const auto kind = spec["kind"].cast<std::string>();
+    const std::string structure = "linear." + kind;
     if (kind == "plain") {
       kind_ = Kind::kPlain;
-      weight_ = spec[1].cast<Tensor>();
-      if (!spec[2].is_none()) bias_ = spec[2].cast<Tensor>();
+      weight_ = get<Tensor>(spec, structure, "weight");
+      bias_ = optional(field(spec, structure, "bias"));
     } else if (kind == "packed") {  // bf16: oneDNN's packed weight, and maybe the kernel's
       kind_ = Kind::kPacked;
-      weight_ = spec[1].cast<Tensor>();
-      if (!spec[2].is_none()) bias_ = spec[2].cast<Tensor>();
-      if (!spec[3].is_none()) rows_packed_ = spec[3].cast<Tensor>();
-      n_ = spec[4].cast<int64_t>();
-    } else if (kind == "int8-rows") {  // the module's own kernel (int8_linear.cpp)
+      weight_ = get<Tensor>(spec, structure, "packed");
+      bias_ = optional(field(spec, structure, "bias"));
+      rows_packed_ = optional(field(spec, structure, "rows"));
+      n_ = get<int64_t>(spec, structure, "out_features");
+    } else if (kind == "int8_rows") {  // the module's own kernel (int8_linear.cpp)
       kind_ = Kind::kInt8Rows;
-      weight_ = spec[1].cast<Tensor>();
-      scale_ = spec[2].cast<Tensor>();
-      column_sum_ = spec[3].cast<Tensor>();
-      if (!spec[4].is_none()) bias_ = spec[4].cast<Tensor>();
-      n_ = spec[5].cast<int64_t>();
+      weight_ = get<Tensor>(spec, structure, "rows");
+      scale_ = get<Tensor>(spec, structure, "scale");
+      column_sum_ = get<Tensor>(spec, structure, "column_sum");
+      bias_ = optional(field(spec, structure, "bias"));
+      n_ = get<int64_t>(spec, structure, "out_features");
     } else if (kind == "int8") {
       // The quantized weight, packed again here: the packed form is a TorchScript object,
       // which the Python binding cannot hand over.
       kind_ = Kind::kInt8;
-      const OptTensor bias = spec[2].is_none() ? OptTensor() : spec[2].cast<Tensor>();
-      torch::jit::Stack stack{spec[1].cast<Tensor>(), bias};
+      const OptTensor bias = optional(field(spec, structure, "bias"));
+      torch::jit::Stack stack{get<Tensor>(spec, structure, "weight"), bias};
       op("quantized::linear_prepack").callBoxed(&stack);
       packed_ = stack.back();
-      reduce_range_ = spec[3].cast<bool>();
+      reduce_range_ = get<bool>(spec, structure, "reduce_range");
     } else {
       throw std::invalid_argument("unknown linear kind " + kind);
     }
@@ -67,7 +119,7 @@ class Linear {
 
   Tensor operator()(const Tensor& x) const { return run(x, false); }
 
-  // Whether the layer runs on this module's kernels (core/decode_linear.py: its
+  // Whether the layer runs on this module's kernels (cpu_decode/linear.py: its
   // `kernel` is set), which also decides the log-softmax after the output projection.
   bool uses_module() const {
     return kind_ == Kind::kInt8Rows || (kind_ == Kind::kPacked && rows_packed_.has_value());
@@ -132,7 +184,13 @@ struct Layer {
   Norm norm1, norm2, norm3;
 };
 
-Norm norm_of(const py::tuple& t) { return {t[0].cast<Tensor>(), t[1].cast<Tensor>()}; }
+Norm norm_of(const py::dict& spec) {
+  return {get<Tensor>(spec, "norm", "weight"), get<Tensor>(spec, "norm", "bias")};
+}
+
+Linear linear_of(const py::dict& spec, const char* name) {
+  return Linear(get<py::dict>(spec, "layer", name));
+}
 
 // cat([prefix[rows], new], dim=2) written into one new tensor (core/cache.py, _gather_append).
 Tensor gather_append(const Tensor& prefix, const OptTensor& rows, const Tensor& added) {
@@ -152,44 +210,48 @@ Tensor gather_append(const Tensor& prefix, const OptTensor& rows, const Tensor& 
 class DecoderStep {
  public:
   DecoderStep(const py::dict& spec)
-      : heads_(spec["heads"].cast<int64_t>()),
-        d_k_(spec["d_k"].cast<int64_t>()),
-        d_v_(spec["d_v"].cast<int64_t>()),
-        eps_(spec["eps"].cast<double>()),
-        embed_scale_(spec["embed_scale"].cast<double>()),
-        tokens_(spec["tokens"].cast<Tensor>()),
-        positions_(spec["positions"].cast<Tensor>()),
-        projection_(spec["projection"].cast<py::tuple>()) {
-    for (const auto& item : spec["layers"].cast<py::list>()) {
-      const auto t = item.cast<py::tuple>();
-      layers_.push_back(Layer{Linear(t[0].cast<py::tuple>()), Linear(t[1].cast<py::tuple>()),
-                              Linear(t[2].cast<py::tuple>()), Linear(t[3].cast<py::tuple>()),
-                              Linear(t[4].cast<py::tuple>()), Linear(t[5].cast<py::tuple>()),
-                              norm_of(t[6].cast<py::tuple>()), norm_of(t[7].cast<py::tuple>()),
-                              norm_of(t[8].cast<py::tuple>())});
+      : heads_(get<int64_t>(spec, "step", "heads")),
+        d_k_(get<int64_t>(spec, "step", "d_k")),
+        d_v_(get<int64_t>(spec, "step", "d_v")),
+        eps_(get<double>(spec, "step", "eps")),
+        embed_scale_(get<double>(spec, "step", "embed_scale")),
+        tokens_(get<Tensor>(spec, "step", "tokens")),
+        positions_(get<Tensor>(spec, "step", "positions")),
+        projection_(get<py::dict>(spec, "step", "projection")) {
+    for (const auto& item : get<py::list>(spec, "step", "layers")) {
+      const auto layer = item.cast<py::dict>();
+      layers_.push_back(Layer{linear_of(layer, "self_qkv"), linear_of(layer, "self_out"),
+                              linear_of(layer, "cross_q"), linear_of(layer, "cross_out"),
+                              linear_of(layer, "ffn_w1"), linear_of(layer, "ffn_w2"),
+                              norm_of(get<py::dict>(layer, "layer", "norm1")),
+                              norm_of(get<py::dict>(layer, "layer", "norm2")),
+                              norm_of(get<py::dict>(layer, "layer", "norm3"))});
     }
   }
 
-  // ids (B,) at `position` -> [log-probabilities (B, V) in float32, then per layer the
-  // new self-attention keys and values (B, h, position + 1, d)], over core/cache.py's
-  // DecoderCache. `cache` holds per layer self_k, self_v (none before the first step),
-  // pending rows, cross_k, cross_v, cross_bias; the cross-attention tensors must already
-  // be there (Transformer.decode_step stores them before the first step).
-  std::vector<Tensor> step(const Tensor& ids, int64_t position,
-                           const std::vector<OptTensor>& cache) const {
+  // ids (B,) at `position` -> log-probabilities (B, V) in float32, over core/cache.py's
+  // DecoderCache: `layers` are its LayerCaches ("cache.prefix": self_k, self_v (none
+  // before the first step), pending rows, cross_k, cross_v, cross_bias); the
+  // cross-attention tensors must already be there (the Python side stores them before the
+  // first step). Each layer's self_k and self_v are replaced by the prefix with this
+  // step's keys and values, and its pending reorder is cleared, as LayerCache.append_self
+  // does.
+  Tensor step(const Tensor& ids, int64_t position, const py::list& layers) const {
     c10::InferenceMode guard;
-    std::vector<Tensor> result{Tensor()};
     const int64_t rows = ids.size(0), bh = rows * heads_;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
+    std::vector<std::pair<Tensor, Tensor>> appended;
     const auto self_attention = [&](size_t l, const Tensor& q, const Tensor& k_new,
                                     const Tensor& v_new) {
-      const OptTensor* c = &cache[l * 6];
-      const at::ScalarType dtype = c[3]->scalar_type();  // the cache's (cross_k's)
+      const py::object layer = layers[l];
+      const OptTensor self_k = state(layer, "self_k"), self_v = state(layer, "self_v");
+      const at::ScalarType dtype = state(layer, "cross_k")->scalar_type();  // the cache's
       Tensor k = k_new.view({rows, heads_, 1, d_k_});
       Tensor v = v_new.view({rows, heads_, 1, d_v_});
-      if (c[0].has_value()) {
-        k = gather_append(*c[0], c[2], k);
-        v = gather_append(*c[1], c[2], v);
+      if (self_k.has_value() && self_v.has_value()) {
+        const OptTensor pending = state(layer, "pending");
+        k = gather_append(*self_k, pending, k);
+        v = gather_append(*self_v, pending, v);
       } else {  // the first step (LayerCache.append_self)
         k = k.to(dtype).contiguous();
         v = v.to(dtype).contiguous();
@@ -197,42 +259,51 @@ class DecoderStep {
       const int64_t keys = k.size(2);
       Tensor qh = q.to(k.scalar_type()).reshape({bh, 1, d_k_});
       Tensor scores = at::bmm(qh, k.view({bh, keys, d_k_}).transpose(1, 2)).mul_(scale);
-      result.push_back(k);
-      result.push_back(v);
+      appended.emplace_back(k, v);
       return at::bmm(scores.softmax(-1), v.view({bh, keys, d_v_})).view({rows, heads_ * d_v_});
     };
     const auto cross_attention = [&](size_t l, const Tensor& q_in) {
-      const OptTensor* c = &cache[l * 6];
-      const Tensor& cross_k = *c[3];
-      const Tensor& cross_v = *c[4];
+      const py::object layer = layers[l];
+      const Tensor cross_k = *state(layer, "cross_k");
+      const Tensor cross_v = *state(layer, "cross_v");
+      const OptTensor bias = state(layer, "cross_bias");
       const int64_t keys = cross_k.size(2);
       Tensor q = q_in.to(cross_k.scalar_type()).reshape({bh, 1, d_k_});
       Tensor k_t = cross_k.view({bh, keys, d_k_}).transpose(1, 2);
-      Tensor scores = c[5].has_value() ? at::baddbmm(c[5]->view({bh, 1, keys}), q, k_t, 1.0, scale)
+      Tensor scores = bias.has_value() ? at::baddbmm(bias->view({bh, 1, keys}), q, k_t, 1.0, scale)
                                        : at::bmm(q, k_t).mul_(scale);
       return at::bmm(scores.softmax(-1), cross_v.view({bh, keys, d_v_})).view({rows, heads_ * d_v_});
     };
-    result[0] = forward(ids, position, self_attention, cross_attention);
-    return result;
+    Tensor lprobs = forward(ids, position, self_attention, cross_attention);
+    for (size_t l = 0; l < appended.size(); ++l) {
+      py::object layer = layers[l];
+      layer.attr("self_k") = appended[l].first;
+      layer.attr("self_v") = appended[l].second;
+      layer.attr("pending") = py::none();
+    }
+    return lprobs;
   }
 
-  // The same over core/cache.py's SlotCache, with the module's attention kernel: `layers`
-  // holds per layer self_k, self_v (W, T, h, d) that the kernel writes in place, cross_k, cross_v
-  // (N, S, h, d) and cross_bias; `slots` and `sources` are the cache's tables, already
-  // prepared for this step. -> log-probabilities (B, V) in float32.
-  Tensor step_slots(const Tensor& ids, int64_t position, const std::vector<OptTensor>& layers,
+  // The same over cpu_decode/slot_cache.py's SlotCache, with the module's attention
+  // kernel: `layers` are its SlotLayers ("cache.slots": self_k, self_v (W, T, h, d), which
+  // the kernel writes in place, cross_k, cross_v (N, S, h, d) and cross_bias); `slots` and
+  // `sources` are the cache's tables, already prepared for this step.
+  // -> log-probabilities (B, V) in float32.
+  Tensor step_slots(const Tensor& ids, int64_t position, const py::list& layers,
                     const Tensor& slots, const Tensor& sources) const {
     c10::InferenceMode guard;
-    const int64_t rows = ids.size(0);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
     const auto self_attention = [&](size_t l, const Tensor& q, const Tensor& k_new,
                                     const Tensor& v_new) {
-      return nmt::attend_prefix(q, k_new, v_new, *layers[l * 5], *layers[l * 5 + 1], slots,
-                                position + 1, scale, std::nullopt);
+      const py::object layer = layers[l];
+      return nmt::attend_prefix(q, k_new, v_new, *state(layer, "self_k"),
+                                *state(layer, "self_v"), slots, position + 1, scale,
+                                std::nullopt);
     };
     const auto cross_attention = [&](size_t l, const Tensor& q) {
-      const OptTensor* c = &layers[l * 5 + 2];
-      return nmt::attend_memory(q, *c[0], *c[1], sources, c[2], scale, std::nullopt);
+      const py::object layer = layers[l];
+      return nmt::attend_memory(q, *state(layer, "cross_k"), *state(layer, "cross_v"), sources,
+                                state(layer, "cross_bias"), scale, std::nullopt);
     };
     return forward(ids, position, self_attention, cross_attention);
   }
@@ -259,7 +330,7 @@ class DecoderStep {
       y = layer.ff2.add(layer.ff1.relu(y), y);
       y = at::layer_norm(y, {y.size(1)}, layer.norm3.weight, layer.norm3.bias, eps_);
     }
-    // As Transformer.decode_step (decode_linear.log_probs): the module's log-softmax after
+    // As the Python step (cpu_decode/decoder.py): the module's log-softmax after
     // a projection on its kernels (bf16, int8), PyTorch's otherwise (fp32 models).
     return projection_.uses_module() ? nmt::fast_log_softmax(projection_(y))
                                      : at::log_softmax(projection_(y), -1, at::kFloat);
@@ -279,6 +350,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const py::dict&>())
       .def("step", &DecoderStep::step)
       .def("step_slots", &DecoderStep::step_slots);
+  m.def("contract", [] { return kContract; });
   m.def("bf16_kernel_available", &nmt::bf16_kernel_available);
   m.def("pack_bf16", &nmt::pack_bf16);
   m.def("packed_linear", &nmt::packed_linear);

@@ -1,0 +1,174 @@
+"""A Transformer wrapped for decoding on a CPU: the backend's one `Searchable`.
+
+`cpu_decoders` makes the one choice of arithmetic for each model: which linear layers
+(PyTorch's for fp32, packed bf16 or int8 stand-ins, cpu_decode/linear.py), whether the
+compiled module's kernels run them, whether its log-softmax and attention kernel (with
+the SlotCache) take part, and whether the compiled step runs the whole step. The rule:
+the module's own arithmetic, which differs from PyTorch's in the last bits, only where the
+output projection already runs on its kernels (bf16 and int8 on CPUs that have them), so
+fp32 models keep PyTorch's exact scores; the model-shaped parts (compiled step, attention
+kernel) only for models whose settings cpu_decode/support.py declares implemented.
+
+`CpuDecoder.decode_step` is core's reference step (Transformer.step_hidden) followed by
+the output projection and log-softmax, or the compiled step, which is tested to equal it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, cast
+
+from torch import Tensor, nn
+
+from nmt_cli.core.cache import StepCache
+from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.search import Advance, BeamAdvance, torch_advance
+from nmt_cli.core.step_linear import StepLinear, linear
+from nmt_cli.core.transformer import DecoderLayer, Transformer
+from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.cpu_decode.build import CompileError, prepare_kernel
+from nmt_cli.cpu_decode.contract import ContractError
+from nmt_cli.cpu_decode.linear import LinearKind, log_probs, module_of, specialise_linears
+from nmt_cli.cpu_decode.slot_cache import SlotCache
+from nmt_cli.cpu_decode.step import CompiledStep
+from nmt_cli.cpu_decode.support import unsupported
+
+
+def kernel_advance(kernel: ModuleType) -> BeamAdvance:
+    """The compiled module's `beam_advance` (csrc/beam_topk.cpp) as a BeamAdvance: the
+    same bookkeeping as search's torch_advance in one call (tested against it)."""
+
+    def advance(lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
+        return Advance(*kernel.beam_advance(lprobs, cum, history, k, EOS_ID, [PAD_ID, BOS_ID]))
+
+    return advance
+
+
+class CpuDecoder(nn.Module):
+    """One Transformer as search decodes it on a CPU (core.search.Searchable).
+
+    `model` keeps its own weights (its linear layers may be stand-ins); `projection` is
+    the decode-only output projection (None: the tied embedding as it is); `kernel` is
+    the compiled module (None: PyTorch's arithmetic only); `structural` says whether
+    the model-shaped parts (compiled step, attention kernel) may decode this model, and
+    `compiled=False` keeps the step in Python over the same kernels (what the compiled
+    step is tested against).
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        projection: StepLinear | None = None,
+        kernel: ModuleType | None = None,
+        structural: bool = True,
+        compiled: bool = True,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.projection = projection
+        # The module's own arithmetic only where the projection runs on its kernels.
+        own = module_of(projection) if kernel is not None else None
+        self.attention_kernel = (
+            own if own is not None and structural and own.attention_kernel_available() else None
+        )
+        self.step: CompiledStep | None = None
+        if kernel is not None and structural and compiled:
+            self.step = CompiledStep(model, projection, kernel)
+        # Beam search's bookkeeping, from the same module as the step when there is one.
+        self.advance: BeamAdvance = kernel_advance(kernel) if kernel is not None else torch_advance
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return self.model.cfg
+
+    @property
+    def max_positions(self) -> int:
+        return self.model.max_positions
+
+    def source_mask(self, src: Tensor) -> Tensor:
+        return self.model.source_mask(src)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.model.encode(src, src_mask)
+
+    def encode_with_attention(
+        self, src: Tensor, src_mask: Tensor | None = None
+    ) -> tuple[Tensor, list[Tensor]]:
+        return self.model.encode_with_attention(src, src_mask)
+
+    def new_cache(self) -> StepCache:
+        """The SlotCache where the attention kernel decodes this model, else core's."""
+        if self.attention_kernel is None:
+            return self.model.new_cache()
+        first = cast(DecoderLayer, self.model.decoder[0]).self_attn
+        layers = len(self.model.decoder)
+        return SlotCache(self.attention_kernel, first.h, first.d_k, first.d_v, layers)
+
+    def decode_step(
+        self,
+        last_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: Any,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """Transformer.decode_step's contract: (B,) tokens -> float32 log-probabilities
+        (B, V), and with `need_weights` the step's attention weights (the reference step,
+        which records them)."""
+        if self.step is not None and not need_weights:
+            if cache.length == 0:
+                self.model.cache_memory(memory, src_mask, cache)
+            return self.step(last_tokens, cache), None
+        hidden, weights = self.model.step_hidden(last_tokens, memory, src_mask, cache, need_weights)
+        if self.projection is None:
+            logits = self.model.logits(hidden)
+        else:
+            logits = linear(self.projection, hidden)
+        return log_probs(self.projection, logits), weights
+
+
+def beam_advance(model: nn.Module) -> BeamAdvance:
+    """The bookkeeping beam search should use with `model` (a CpuDecoder, an ensemble of
+    them, or any other Searchable): the compiled one when the model decodes with the
+    module, so that every step of it ranks candidates the same way."""
+    for module in model.modules():
+        if isinstance(module, CpuDecoder):
+            return module.advance
+    return torch_advance
+
+
+def cpu_decoders(
+    models: list[Transformer],
+    precision: str,
+    compiled_step: bool,
+    on_compile: Callable[[], None] = lambda: None,
+    on_fallback: Callable[[str], None] = lambda reason: None,
+) -> list[CpuDecoder]:
+    """Each model (on the CPU, already in the precision's dtype) wrapped for decoding:
+    the one place that decides its arithmetic (see the module's docstring).
+
+    With `compiled_step`, the compiled module is built if need be (`on_compile` is
+    called first); where it cannot be built or loaded, or a model has settings its step
+    does not implement, `on_fallback` gets the reason and decoding runs the reference
+    step (in Python) for that model."""
+    kernel: ModuleType | None = None
+    if compiled_step:
+        try:
+            kernel = prepare_kernel(on_compile)
+        except CompileError as exc:
+            on_fallback(str(exc))
+    kind: LinearKind | None = {"bf16": "packed-bf16", "int8": "int8"}.get(precision)  # type: ignore[assignment]
+    decoders: list[CpuDecoder] = []
+    for model in models:
+        projection = specialise_linears(model, kind, kernel) if kind is not None else None
+        gaps = unsupported(model.cfg, precision)
+        if gaps and kernel is not None:
+            on_fallback("the compiled step does not implement " + ", ".join(gaps))
+        try:
+            decoder = CpuDecoder(model, projection, kernel, structural=not gaps)
+        except ContractError as exc:
+            on_fallback(str(exc))
+            decoder = CpuDecoder(model, projection, kernel, structural=False)
+        decoders.append(decoder)
+    return decoders

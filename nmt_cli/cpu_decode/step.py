@@ -1,0 +1,115 @@
+"""The decoder step as one call into the compiled module (csrc/decoder_step.cpp).
+
+At a few rows (one sentence, beam 4) a decoder step is a few hundred operator calls of a
+few microseconds each, and calling each one from Python costs about as much again. The
+C++ step makes the same ATen calls, and the same kernel calls, in the same order as the
+reference step (core/transformer.py with cpu_decode/decoder.py's projection), so its
+outputs are bit-identical; it is tested against that step, never trusted by itself.
+It receives the model as named structures (cpu_decode/contract.py) holding references
+to the model's weights and their packed forms, not copies.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from nmt_cli.core.cache import DecoderCache
+from nmt_cli.core.norm import LayerNorm
+from nmt_cli.core.transformer import DecoderLayer, Transformer
+from nmt_cli.cpu_decode.contract import (
+    Int8RowsSpec,
+    Int8Spec,
+    LayerSpec,
+    LinearSpec,
+    NormSpec,
+    PackedLinearSpec,
+    PlainLinearSpec,
+    StepSpec,
+    as_arguments,
+    check_contract,
+)
+from nmt_cli.cpu_decode.linear import Int8Linear, PackedLinear
+from nmt_cli.cpu_decode.slot_cache import SlotCache
+
+
+def linear_spec(layer: nn.Module) -> LinearSpec:
+    """How the C++ step calls a linear layer: what cpu_decode/linear.py made of it."""
+    if isinstance(layer, PackedLinear):
+        return PackedLinearSpec(layer.packed, layer.bias, layer.rows, layer.out_features)
+    if isinstance(layer, Int8Linear):
+        if layer.kernel is not None:
+            return Int8RowsSpec(
+                layer.rows, layer.scale, layer.column_sum, layer.bias, layer.out_features
+            )
+        weight, bias = torch.ops.quantized.linear_unpack(layer.packed)
+        return Int8Spec(weight, bias, layer.reduce_range)
+    if isinstance(layer, nn.Linear):
+        return PlainLinearSpec(layer.weight, layer.bias)
+    raise TypeError(f"no compiled form of {type(layer).__name__}")
+
+
+def _norm(norm: LayerNorm) -> NormSpec:
+    return NormSpec(norm.weight, norm.bias)
+
+
+def step_spec(model: Transformer, projection: nn.Module | None) -> StepSpec:
+    """The model's decoder step as the C++ side reads it; `projection` is the decode-only
+    output projection (None: the tied embedding matrix as it is)."""
+    embed = model.tgt_embed
+    positions = embed.learned.weight if embed.learned is not None else embed.get_buffer("table")
+    decoder = [cast(DecoderLayer, layer) for layer in model.decoder]
+    layers = [
+        LayerSpec(
+            self_qkv=linear_spec(d.self_attn.qkv),
+            self_out=linear_spec(d.self_attn.out),
+            cross_q=linear_spec(d.cross_attn.q),
+            cross_out=linear_spec(d.cross_attn.out),
+            ffn_w1=linear_spec(d.ffn.w1),
+            ffn_w2=linear_spec(d.ffn.w2),
+            norm1=_norm(d.norm1),
+            norm2=_norm(d.norm2),
+            norm3=_norm(d.norm3),
+        )
+        for d in decoder
+    ]
+    first = decoder[0]
+    return StepSpec(
+        heads=first.self_attn.h,
+        d_k=first.self_attn.d_k,
+        d_v=first.self_attn.d_v,
+        eps=first.norm1.eps,
+        embed_scale=embed.scale,
+        tokens=embed.tokens.weight,
+        positions=positions,
+        projection=(
+            linear_spec(projection)
+            if projection is not None
+            else PlainLinearSpec(model.output_weight, None)
+        ),
+        layers=layers,
+    )
+
+
+class CompiledStep:
+    """The reference step without attention weights, as one call into the module, over
+    either cache layout. The cross-attention cache must be filled before the first step
+    (Transformer.cache_memory)."""
+
+    def __init__(self, model: Transformer, projection: nn.Module | None, kernel: ModuleType):
+        check_contract(kernel)
+        self.kernel = kernel.DecoderStep(as_arguments(step_spec(model, projection)))
+
+    def __call__(self, tokens: Tensor, cache: DecoderCache | SlotCache) -> Tensor:
+        """(B,) newest tokens -> log-probabilities (B, V); the cache advances one position."""
+        if isinstance(cache, SlotCache):
+            slots = cache.prepare(tokens.size(0))
+            sources = cache.table.sources
+            lprobs = self.kernel.step_slots(tokens, cache.length, cache.layers, slots, sources)
+        else:
+            lprobs = self.kernel.step(tokens, cache.length, cache.layers)
+        cache.length += 1
+        return cast(Tensor, lprobs)

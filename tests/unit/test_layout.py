@@ -1,0 +1,121 @@
+"""The package's layering, as docs/ARCHITECTURE.md states it: imports run one way
+(commands -> engines -> cpu_decode -> core), with no cycle anywhere (imports inside
+functions count; an import only for type checking does not), core holds the paper's
+model and no build machinery, and engines never call the CLI."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "nmt_cli"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The nmt_cli modules `path` imports at run time, anywhere in it."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_lines(tree)
+    package = (
+        _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    )
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
+                ).strip(".")
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != _module_name(path):
+                found.add(name)
+    return found
+
+
+def test_no_module_imports_itself_back() -> None:
+    modules = _modules()
+    graph = {name: _imports(path, modules) for name, path in modules.items()}
+    # a package imports what its __init__ re-exports; that is no cycle of the code's
+    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep) :] + [dep])
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_core_is_the_model_and_imports_no_layer_above_it() -> None:
+    modules = _modules()
+    core = {name: path for name, path in modules.items() if name.startswith("nmt_cli.core")}
+    above = ("nmt_cli.engines", "nmt_cli.commands", "nmt_cli.cpu_decode", "nmt_cli.cli")
+    for name, path in core.items():
+        assert not [d for d in _imports(path, modules) if d.startswith(above)], name
+        assert "cpp_extension" not in path.read_text(), name
+    assert not list((PACKAGE / "core").rglob("*.cpp")) and not list((PACKAGE / "core").rglob("*.h"))
+    lines = sum(len(p.read_text().splitlines()) for p in core.values())
+    assert lines <= 3600, f"core has grown to {lines} lines"
+
+
+def test_the_backend_imports_no_engine_and_engines_never_call_the_cli() -> None:
+    modules = _modules()
+    for name, path in modules.items():
+        if name.startswith("nmt_cli.cpu_decode"):
+            deps = _imports(path, modules)
+            assert not [d for d in deps if d.startswith(("nmt_cli.engines", "nmt_cli.commands"))]
+        if name.startswith("nmt_cli.engines"):
+            deps = _imports(path, modules)
+            assert not [d for d in deps if d.startswith(("nmt_cli.commands", "nmt_cli.cli"))], name
+            assert "nmt_cli.__main__" not in deps and "nmt_cli.cli" not in deps, name
+            strings = {
+                node.value
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            }
+            assert not {"nmt_cli", "-m nmt_cli"} & strings, f"{name} runs the CLI"
+
+
+def test_one_class_is_named_translator() -> None:
+    homes = [
+        _module_name(path)
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name == "Translator"
+    ]
+    assert len(homes) == 1, homes
