@@ -33,17 +33,17 @@ import sacrebleu
 import torch
 from peer_ct2 import Ct2Decoder
 
-from nmt_cli.api import Translator
-from nmt_cli.config import Precision
+from nmt_cli import Translator
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.cpus import usable_cpus
+from nmt_cli.core.precision import DecodePrecisionSetting
 from nmt_cli.engines.export.run import ExportConfig, export_model
 from nmt_cli.text_io import read_lines
 
 Decode = Callable[[list[str], int], list[str]]  # (lines, batch size) -> translations
 
 
-def nmt_decoder(model: Path, precision: Precision, threads: int) -> Decode:
+def nmt_decoder(model: Path, precision: DecodePrecisionSetting, threads: int) -> Decode:
     translators: dict[int, Translator] = {}  # one per batch size, loaded before timing
 
     def decode(lines: list[str], batch: int) -> list[str]:

@@ -93,7 +93,7 @@ def server_latency(model: Path, lines: list[str]) -> Latency:
 
 
 def in_process_latency(model: Path, lines: list[str]) -> Latency:
-    from nmt_cli.api import Translator
+    from nmt_cli import Translator
 
     translator = Translator.load(model, batch_sentences=1)
     name = (

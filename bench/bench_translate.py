@@ -50,7 +50,8 @@ from peer_ct2 import Ct2Decoder, Output, export
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
 from nmt_cli.core.cpus import usable_cpus
-from nmt_cli.engines.translate import Translator, set_threads
+from nmt_cli.engines.translate.loading import set_threads
+from nmt_cli.engines.translate.translator import Translator
 from nmt_cli.errors import NmtError
 from nmt_cli.text_io import read_lines
 
@@ -106,7 +107,7 @@ def nmt_decoder(ckpt: Checkpoint, precision: str, layout: Layout, batch: int) ->
     def decode(lines: list[str]) -> list[Output]:
         out: list[Output] = []
         for lo in range(0, len(lines), cfg.buffer_lines):  # the command's chunks
-            for r in translator.translate(lines[lo : lo + cfg.buffer_lines]):
+            for r in translator.translate_chunk(lines[lo : lo + cfg.buffer_lines]):
                 out.append(Output(r.text, r.hypotheses[0].length if r.hypotheses else 0))
         return out
 

@@ -19,16 +19,16 @@ import torch
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.translate import Translator
+from nmt_cli.engines.translate.translator import Translator
 
 
 def measure(translator: Translator, lines: list[str]) -> tuple[float, float]:
     """(sentences/s, output tokens/s) of one pass over `lines`, after a warm-up."""
-    translator.translate(lines[:8])
+    translator.translate_chunk(lines[:8])
     if translator.device.type == "cuda":
         torch.cuda.synchronize(translator.device)
     start = time.perf_counter()
-    results = translator.translate(lines)
+    results = translator.translate_chunk(lines)
     seconds = time.perf_counter() - start
     tokens = sum(r.hypotheses[0].length for r in results if r.hypotheses)
     return len(lines) / seconds, tokens / seconds

@@ -24,7 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.translate import Translator, set_threads
+from nmt_cli.engines.translate.loading import set_threads
+from nmt_cli.engines.translate.translator import Translator
 from nmt_cli.text_io import read_lines
 
 
@@ -42,7 +43,7 @@ def main() -> None:
     lines = read_lines(args.source)[: args.lines]
     cfg = DecodeConfig(beam_size=4, precision=args.precision, batch_sentences=args.batch)
     translator = Translator.from_checkpoint(load_checkpoint(args.model), cfg, 1)
-    translator.translate(lines[:8])  # warm-up: kernels, allocator
+    translator.translate_chunk(lines[:8])  # warm-up: kernels, allocator
 
     # Decoder steps, counted at the model: no operator runs exactly once a step.
     steps = 0
@@ -55,12 +56,12 @@ def main() -> None:
 
     translator.model.decode_step = counted  # type: ignore[method-assign]
     start = time.perf_counter()
-    results = translator.translate(lines)
+    results = translator.translate_chunk(lines)
     wall = time.perf_counter() - start
     # Output tokens with their EOS: the fewest steps any search could take for them.
     produced = sum(r.hypotheses[0].length + 1 for r in results if r.hypotheses)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        translator.translate(lines)
+        translator.translate_chunk(lines)
     events = prof.key_averages()
     steps //= 2  # the same sentences were decoded twice
     seen_us = sum(e.self_cpu_time_total for e in events)

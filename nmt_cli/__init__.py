@@ -1,18 +1,20 @@
 """nmt: the Transformer of "Attention Is All You Need", from raw text to a BLEU score.
 
-`from nmt_cli import Translator` is the Python API (nmt_cli/api.py). It is imported on
-first use, so `import nmt_cli` (and `nmt --version`) does not load torch.
+`from nmt_cli import Translator` is the Python API: the class `nmt translate` decodes with
+(nmt_cli/engines/translate/translator.py). It is imported on first use, so `import nmt_cli`
+(and `nmt --version`) does not load torch.
 """
 
 from typing import Any
 
-__version__ = "0.1.0"
+from nmt_cli.version import __version__
+
 __all__ = ["DecodeConfig", "Translator", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "Translator":
-        from nmt_cli.api import Translator
+        from nmt_cli.engines.translate.translator import Translator
 
         return Translator
     if name == "DecodeConfig":

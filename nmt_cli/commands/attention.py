@@ -55,15 +55,15 @@ def attention(
     HTML page to browse them all. The weights are recorded by the search that translates.
     """
     from nmt_cli.core.checkpoint import load_checkpoint
-    from nmt_cli.engines.attention import record_attention
-    from nmt_cli.engines.attention_views import default_layer
     from nmt_cli.engines.pictures.attention_files import (
         AttentionPictureOptions,
         check_picture_options,
         write_attention_pictures,
     )
     from nmt_cli.engines.pictures.backend import check_out_dir
-    from nmt_cli.engines.translate import Translator
+    from nmt_cli.engines.translate.attention import record_attention
+    from nmt_cli.engines.translate.translator import Translator
+    from nmt_cli.engines.translate.views import default_layer
 
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import stat
 from pathlib import Path
 
 import typer
@@ -20,18 +18,8 @@ from nmt_cli.commands.common import (
 )
 from nmt_cli.commands.progress import CountProgress
 from nmt_cli.config import DECODE_PRECISIONS, DecodeConfig, DecodePrecision
-from nmt_cli.cpu_decode.memory import Releaser
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
-from nmt_cli.outputs import check_output_path, open_output
-from nmt_cli.text_io import (
-    LineDecoder,
-    StreamDecoder,
-    check_readable,
-    display_name,
-    open_binary,
-    raw_lines,
-)
 
 COMPILING = "compiling the decoder step for this machine (once; about 30 s)"
 FALLBACK = "decoding with the slower Python step: the compiled one could not be built"
@@ -141,13 +129,7 @@ def translate(
     are averaged at every step (they must share one vocabulary; alignments
     average the members' attention).
     """
-    from nmt_cli.api import Translator
-    from nmt_cli.engines.translate import Translation
-    from nmt_cli.engines.translate_stream import (
-        format_translations,
-        read_chunks,
-        translate_stream,
-    )
+    from nmt_cli.engines.translate.stream import translate_file
 
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
@@ -157,56 +139,27 @@ def translate(
             precision=_precision(precision), device=device, threads=threads, workers=workers,
             compiled_step=not python_step,
         )  # fmt: skip
-        decoder = StreamDecoder(display_name(input or "-"), LineDecoder(on_bad_utf8))
-        if input is not None:
-            check_readable(input)
-        check_output_path(output, inputs=[*model, input])
         alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
-        # 0: the default layer (the penultimate); None: no alignments
-        translator = Translator.load(
+        report = translate_file(
             model,
             cfg,
+            input,
+            output,
+            as_json=as_json,
+            # 0: the default layer (the penultimate); None: no alignments
             alignment_layer=alignment_layer if alignment else None,
+            on_bad_utf8=on_bad_utf8,
             on_compile=lambda: info(COMPILING, verbosity),
             on_fallback=lambda reason: warn(f"{FALLBACK}: {reason}"),
+            progress=(
+                (lambda total: CountProgress(err_console, "translate", total))
+                if verbosity.progress
+                else None
+            ),
         )
-        total = _line_count(input) if verbosity.progress else None
-        with contextlib.ExitStack() as stack:
-            source = stack.enter_context(contextlib.closing(open_binary(input or "-")))
-            sink = stack.enter_context(open_output(output))
-            progress = stack.enter_context(
-                CountProgress(err_console, "translate", total, verbosity.progress)
-            )
-            releaser = Releaser()
-
-            def emit(results: list[Translation], first: int, seconds: float) -> None:
-                sink.write(
-                    format_translations(results, first, seconds, cfg.nbest, as_json, alignment)
-                )
-                sink.flush()  # a line-at-a-time user is answered before the next line
-                progress.advance(len(results))
-                releaser.after_chunk()  # what the chunk freed goes back to the system
-
-            chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
-            stack.enter_context(translator)  # stops its workers, waiting only after a clean end
-            stats = translate_stream(translator.engine, chunks, emit)
-        if decoder.decoder.replaced:
-            warn(decoder.decoder.warning())
-        if stats.truncated:
-            lines = ", ".join(map(str, stats.truncated_lines))
-            warn(
-                f"{stats.truncated} input line(s) longer than {translator.max_source} subword "
-                f"tokens were truncated (lines {lines}"
-                f"{', ...' if stats.truncated > len(stats.truncated_lines) else ''})"
-            )
-        info(
-            f"translated {stats.lines:,} lines in {stats.seconds:.2f}s "
-            f"({stats.sentences_per_second:.1f} sent/s, {stats.tokens_per_second:.0f} tok/s; "
-            f"beam {cfg.beam_size}, {translator.precision}, "
-            f"{translator.device}, {translator.threads} threads, "
-            f"{translator.workers} batches at once)",
-            verbosity,
-        )
+        for message in report.warnings():
+            warn(message)
+        info(report.summary(), verbosity)
 
 
 def _decode_config(**settings: object) -> DecodeConfig:
@@ -220,13 +173,6 @@ def _decode_config(**settings: object) -> DecodeConfig:
     except SettingError as exc:
         flag = _FLAGS.get(exc.key, exc.key)
         raise UsageError(f"{flag}{str(exc).removeprefix(exc.key)}") from None
-
-
-def _line_count(path: Path | None) -> int | None:
-    """Lines of a regular input file, for the progress bar (a pipe can be read once only)."""
-    if path is None or str(path) == "-" or not stat.S_ISREG(path.stat().st_mode):
-        return None
-    return sum(1 for _ in raw_lines(path))
 
 
 def _precision(value: str) -> DecodePrecision:

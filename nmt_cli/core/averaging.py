@@ -121,13 +121,3 @@ class StateAverager:
             else:
                 out[key] = total.clone()
         return out
-
-
-def average_state_dicts(
-    states: list[Mapping[str, Tensor]], integers: Literal["equal", "last"] = "last"
-) -> dict[str, Tensor]:
-    """Mean of state dicts already in memory (tests, small models)."""
-    averager = StateAverager(integers=integers)
-    for state in states:
-        averager.add(state)
-    return averager.result()

@@ -30,11 +30,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from nmt_cli import __version__
 from nmt_cli.core.files import writing
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.errors import NmtError
+from nmt_cli.version import __version__
 
 FORMAT_NAME = "nmt-checkpoint"
 FORMAT_VERSION = 1

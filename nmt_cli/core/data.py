@@ -83,10 +83,6 @@ class TokenStoreWriter:
         self.tokens += int(flat.size)
         self._n += len(lengths)
 
-    def add_many(self, seqs: Iterable[Iterable[int] | np.ndarray]) -> None:
-        for seq in seqs:
-            self.add(seq)
-
     def __len__(self) -> int:
         return self._n
 

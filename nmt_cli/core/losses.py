@@ -20,22 +20,11 @@ are never stored whole (on one H200 the unfused loss took 29% of a base step's G
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-
-@dataclass
-class LossOutput:
-    """Sums over non-padding target tokens; divide by `tokens` for per-token figures."""
-
-    loss: Tensor  # smoothed loss, differentiable
-    nll: Tensor  # plain negative log-likelihood, for perplexity
-    tokens: int
-
 
 _CHUNK_ROWS = 64  # CPU: rows of logits processed together; 64 x 8k fp32 stays in L2 cache
 _GPU_CHUNK_ELEMENTS = 1 << 26  # GPU: few large chunks (kernel launches are the cost there)
@@ -246,11 +235,3 @@ def projected_label_smoothed_sums(
         flat_hidden, weight, flat_target, mask, rows, float(eps), dtype, chunk
     )
     return loss, nll
-
-
-def label_smoothed_cross_entropy(
-    logits: Tensor, target: Tensor, eps: float, pad_id: int
-) -> LossOutput:
-    """logits (..., V), target (...) ids; padding positions contribute nothing."""
-    loss, nll = label_smoothed_sums(logits, target, eps, pad_id)
-    return LossOutput(loss=loss, nll=nll, tokens=int((target != pad_id).sum().item()))

@@ -4,23 +4,34 @@ bf16 is the default wherever the hardware multiplies in it natively (Ampere and 
 GPUs; AVX512-BF16 or AMX CPUs, where it is several times faster than fp32). Elsewhere
 'auto' falls back to fp16 on older GPUs and fp32 on CPUs. Training runs the model in fp32
 under autocast; decoding casts the weights themselves (`dtype_of`).
+
+The names of the precisions are defined here once, for the recipe's settings (which may
+say "auto") and for what a device resolves them to. Loading this module does not load
+torch (the recipe's loader uses the names; `nmt --help` never loads torch).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
-
-import torch
+import typing
+from typing import TYPE_CHECKING, Literal
 
 from nmt_cli.errors import NmtError
 
-Precision = Literal["fp32", "bf16", "fp16"]
-DecodePrecision = Literal["fp32", "bf16", "fp16", "int8"]
+if TYPE_CHECKING:
+    import torch
+
+Precision = Literal["fp32", "bf16", "fp16"]  # what training runs in
+DecodePrecision = Literal[Precision, "int8"]  # what decoding runs in: int8 on CPUs
+PrecisionSetting = Literal["auto", Precision]  # train.precision: auto = resolve_precision
+DecodePrecisionSetting = Literal["auto", DecodePrecision]  # decode.precision, --precision
+DECODE_PRECISIONS: tuple[str, ...] = typing.get_args(DecodePrecisionSetting)
 
 
 def cpu_supports_bf16() -> bool:
     """AVX512-BF16 or AMX: bf16 matrix products run in hardware (oneDNN knows)."""
+    import torch
+
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
@@ -33,6 +44,8 @@ def resolve_precision(requested: str, device: torch.device, setting: str) -> Pre
     `setting` names the option the user set (e.g. "--precision", "train.precision"), so
     the message points at the right place.
     """
+    import torch
+
     if requested == "auto":
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
@@ -56,6 +69,8 @@ def resolve_decode_precision(requested: str, device: torch.device, setting: str)
 def dtype_of(precision: DecodePrecision) -> torch.dtype:
     """The floating-point dtype the model is held in (int8 models keep float32 around
     their quantized matrices)."""
+    import torch
+
     return {
         "fp32": torch.float32,
         "bf16": torch.bfloat16,
@@ -66,6 +81,8 @@ def dtype_of(precision: DecodePrecision) -> torch.dtype:
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
     """Mixed precision for a model kept in fp32 (training, validation); none for fp32."""
+    import torch
+
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype_of(precision))  # type: ignore[arg-type]

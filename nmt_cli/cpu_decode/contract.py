@@ -100,6 +100,7 @@ class StepSpec:
     tokens: Tensor
     positions: Tensor
     projection: LinearSpec
+    module_log_softmax: bool  # the module's log-softmax after the projection, or PyTorch's
     layers: list[LayerSpec]
 
 

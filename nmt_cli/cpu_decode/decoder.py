@@ -19,6 +19,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, cast
 
+import torch
 from torch import Tensor, nn
 
 from nmt_cli.core.cache import StepCache
@@ -29,7 +30,7 @@ from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.cpu_decode.build import CompileError, prepare_kernel
 from nmt_cli.cpu_decode.contract import ContractError
-from nmt_cli.cpu_decode.linear import LinearKind, log_probs, module_of, specialise_linears
+from nmt_cli.cpu_decode.linear import LinearKind, specialise_linears
 from nmt_cli.cpu_decode.slot_cache import SlotCache
 from nmt_cli.cpu_decode.step import CompiledStep
 from nmt_cli.cpu_decode.support import unsupported
@@ -67,14 +68,17 @@ class CpuDecoder(nn.Module):
         super().__init__()
         self.model = model
         self.projection = projection
-        # The module's own arithmetic only where the projection runs on its kernels.
-        own = module_of(projection) if kernel is not None else None
+        # The module's own arithmetic (log-softmax, attention), which differs from
+        # PyTorch's in the last bits, only where the projection already runs on its
+        # kernels (bf16, int8), so that fp32 models keep PyTorch's exact scores.
+        own = getattr(projection, "kernel", None) if kernel is not None else None
+        self.own_arithmetic: ModuleType | None = own
         self.attention_kernel = (
             own if own is not None and structural and own.attention_kernel_available() else None
         )
         self.step: CompiledStep | None = None
         if kernel is not None and structural and compiled:
-            self.step = CompiledStep(model, projection, kernel)
+            self.step = CompiledStep(model, projection, kernel, own is not None)
         # Beam search's bookkeeping, from the same module as the step when there is one.
         self.advance: BeamAdvance = kernel_advance(kernel) if kernel is not None else torch_advance
 
@@ -125,7 +129,14 @@ class CpuDecoder(nn.Module):
             logits = self.model.logits(hidden)
         else:
             logits = linear(self.projection, hidden)
-        return log_probs(self.projection, logits), weights
+        return self.log_probs(logits), weights
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """log_softmax in float32: the module's three passes where its arithmetic is this
+        model's (faster; equal to PyTorch's to ~2e-6), PyTorch's otherwise."""
+        if self.own_arithmetic is not None:
+            return cast(Tensor, self.own_arithmetic.fast_log_softmax(logits))
+        return torch.log_softmax(logits, -1, dtype=torch.float32)
 
 
 def beam_advance(model: nn.Module) -> BeamAdvance:

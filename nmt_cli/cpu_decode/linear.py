@@ -161,24 +161,6 @@ def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return bool({"avx512_vnni", "avx_vnni"} & set(flags.split()))
 
 
-def module_of(projection: nn.Module | None) -> ModuleType | None:
-    """The compiled module when the output projection runs on its kernels (bf16, int8):
-    the one rule for when a model may also use the module's own arithmetic where it
-    differs from PyTorch's in the last bits (log-softmax, attention); fp32 models never
-    do, so that they keep their exact scores (csrc/decoder_step.cpp: uses_module)."""
-    return cast(ModuleType | None, getattr(projection, "kernel", None))
-
-
-def log_probs(projection: nn.Module | None, logits: Tensor) -> Tensor:
-    """log_softmax(logits) in float32 over the last dimension, for the logits of
-    `projection`: the compiled module's three-pass version when the projection runs on
-    its kernels (module_of; faster), PyTorch's otherwise."""
-    kernel = module_of(projection)
-    if kernel is not None and logits.dim() == 2:
-        return cast(Tensor, kernel.fast_log_softmax(logits))
-    return torch.log_softmax(logits, -1, dtype=torch.float32)
-
-
 def int8_available() -> bool:
     """Whether this PyTorch build has a CPU engine for quantized linear layers."""
     engines = set(torch.backends.quantized.supported_engines)

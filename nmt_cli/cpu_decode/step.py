@@ -56,7 +56,9 @@ def _norm(norm: LayerNorm) -> NormSpec:
     return NormSpec(norm.weight, norm.bias)
 
 
-def step_spec(model: Transformer, projection: nn.Module | None) -> StepSpec:
+def step_spec(
+    model: Transformer, projection: nn.Module | None, module_log_softmax: bool
+) -> StepSpec:
     """The model's decoder step as the C++ side reads it; `projection` is the decode-only
     output projection (None: the tied embedding matrix as it is)."""
     embed = model.tgt_embed
@@ -90,6 +92,7 @@ def step_spec(model: Transformer, projection: nn.Module | None) -> StepSpec:
             if projection is not None
             else PlainLinearSpec(model.output_weight, None)
         ),
+        module_log_softmax=module_log_softmax,
         layers=layers,
     )
 
@@ -99,9 +102,16 @@ class CompiledStep:
     either cache layout. The cross-attention cache must be filled before the first step
     (Transformer.cache_memory)."""
 
-    def __init__(self, model: Transformer, projection: nn.Module | None, kernel: ModuleType):
+    def __init__(
+        self,
+        model: Transformer,
+        projection: nn.Module | None,
+        kernel: ModuleType,
+        module_log_softmax: bool,
+    ) -> None:
         check_contract(kernel)
-        self.kernel = kernel.DecoderStep(as_arguments(step_spec(model, projection)))
+        spec = step_spec(model, projection, module_log_softmax)
+        self.kernel = kernel.DecoderStep(as_arguments(spec))
 
     def __call__(self, tokens: Tensor, cache: DecoderCache | SlotCache) -> Tensor:
         """(B,) newest tokens -> log-probabilities (B, V); the cache advances one position."""

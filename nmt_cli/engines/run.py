@@ -32,7 +32,8 @@ from nmt_cli.engines.prepare import Progress, prepare, prepare_from_data_config
 from nmt_cli.engines.score import ScoreSettings, mostly_empty, score_lines
 from nmt_cli.engines.train import EventSink, TrainOptions, train
 from nmt_cli.engines.training_log import METRICS, read_run_log
-from nmt_cli.engines.translate import set_threads, translate_lines
+from nmt_cli.engines.translate.loading import set_threads
+from nmt_cli.engines.translate.translator import translate_lines
 from nmt_cli.errors import Interrupted, NmtError, UsageError
 from nmt_cli.text_io import read_lines
 

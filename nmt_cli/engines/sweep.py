@@ -13,8 +13,9 @@ A sweep file names a base recipe, overrides applied to every row, and the rows:
     name = "A h=1"
     set = ["model.n_heads=1", "model.d_k=256", "model.d_v=256"]
 
-The data is prepared once; then each row runs `nmt run --from train` as its own process,
-`jobs` at a time (one per GPU, or the CPU cores shared out, one thread each by default),
+The data is prepared once; then each row runs the run engine from its train stage
+(`nmt run --from train`'s work) in a process of its own (`sweep_row.py`: spawned, given the
+row's serialized recipe), `jobs` at a time (one per GPU, or the CPU cores shared out),
 writing its log beside its run directory. A row whose results are complete is skipped,
 and an interrupted row resumes from its last checkpoint, so rerunning the sweep carries
 on where it stopped. Each row is scored as Table 3 is: dev perplexity at the last
@@ -28,8 +29,6 @@ import json
 import os
 import queue
 import re
-import subprocess
-import sys
 import tomllib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,10 +42,10 @@ from nmt_cli.core.files import atomic_write_text
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.run import RESULTS, RunOptions, run_recipe
 from nmt_cli.engines.score import ScoreSettings, score_lines
+from nmt_cli.engines.sweep_row import DEV_HYP, RowJob, cuda_devices_for, run_row_process
 from nmt_cli.errors import NmtError
 
 SWEEP_RESULTS = "sweep.json"
-DEV_HYP = "dev.last.hyp"  # the dev set translated by the last checkpoint
 
 
 @dataclass(frozen=True)
@@ -72,8 +71,8 @@ class SweepPlan:
         run_dir = self.runs_dir / row.slug
         return [*self.overrides, *row.overrides, f"train.run_dir={json.dumps(str(run_dir))}"]
 
-    def row_recipe(self, row: SweepRow) -> RecipeConfig:
-        return load_recipe(self.recipe, self.row_overrides(row))
+    def row_recipe(self, row: SweepRow, extra: tuple[str, ...] = ()) -> RecipeConfig:
+        return load_recipe(self.recipe, [*self.row_overrides(row), *extra])
 
 
 @dataclass(frozen=True)
@@ -197,6 +196,8 @@ def run_sweep(
     """Prepare once, run every row (skipping complete ones), and collect the table."""
     options = options or SweepOptions()
     plan = with_overrides(plan, options.extra_overrides)
+    if options.gpus:  # the GPUs must be there before anything runs
+        cuda_devices_for(0, options.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     first = plan.row_recipe(plan.rows[0])
     run_recipe(first, RunOptions(until_stage="prepare"))
     jobs, threads = _layout(options)
@@ -218,8 +219,11 @@ def run_sweep(
         if notify is not None:
             notify(row.name, out)
 
-    with ThreadPoolExecutor(jobs) as pool:
+    pool = ThreadPoolExecutor(jobs)
+    try:
         list(pool.map(work, range(len(plan.rows))))
+    finally:  # on Ctrl-C the rows running stop (they save); the rows waiting never start
+        pool.shutdown(wait=True, cancel_futures=True)
     write_results(result)
     return result
 
@@ -253,50 +257,32 @@ def _describe(plan: SweepPlan, row: SweepRow) -> RowResult:
 
 
 def _run_row(plan: SweepPlan, row: SweepRow, options: SweepOptions, slot: int, threads: int) -> str:
-    """`nmt run --from train` for one row in its own process; its output goes to a log
-    beside the run directory. Returns the row's status."""
-    recipe = plan.row_recipe(row)
+    """`nmt run --from train`'s stages and the dev set's translation for one row, in a
+    process of its own (see sweep_row.py); its output goes to a log beside the run
+    directory. Returns the row's status."""
+    extra = () if options.gpus else (f"train.threads={threads}", f"decode.threads={threads}")
+    recipe = plan.row_recipe(row, extra)
     run_dir = Path(recipe.train.run_dir)
     if _complete(run_dir):
         return "skipped (complete)"
-    overrides = plan.row_overrides(row)
-    env = dict(os.environ)
-    cmd = [sys.executable, "-m", "nmt_cli", "run", str(plan.recipe), "--from", "train"]
-    if options.gpus:
-        env["CUDA_VISIBLE_DEVICES"] = str(slot)
-        cmd += ["--gpus", "1"]
-    else:
-        overrides += [f"train.threads={threads}", f"decode.threads={threads}"]
-    for item in overrides:
-        cmd += ["--set", item]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "sweep.log", "ab") as log:
-        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
-    if done.returncode != 0:
-        raise NmtError(f"nmt run exited with {done.returncode}; see {run_dir / 'sweep.log'}")
-    _translate_dev(recipe, run_dir, threads, env if options.gpus else None)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    job = RowJob(
+        recipe=recipe.to_dict(),
+        source=f"{plan.source}: row {row.name!r}",
+        log=str(run_dir / "sweep.log"),
+        gpus=1 if options.gpus else 0,
+        threads=threads,
+        cuda_devices=cuda_devices_for(slot, options.gpus, visible) if options.gpus else None,
+    )
+    failure = run_row_process(job)
+    if failure is not None:
+        raise NmtError(failure)
     return "done"
 
 
 def _complete(run_dir: Path) -> bool:
     """A row is complete once `nmt run` wrote its results and the dev set is translated."""
     return (run_dir / RESULTS).is_file() and (run_dir / DEV_HYP).is_file()
-
-
-def _translate_dev(
-    recipe: RecipeConfig, run_dir: Path, threads: int, env: dict[str, str] | None
-) -> None:
-    """The dev set with the last checkpoint and the recipe's beam search, for dev BLEU."""
-    source = open_data_dir(recipe.data.dir).raw_text("valid", "src")
-    out = run_dir / DEV_HYP
-    d = recipe.decode
-    cmd = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(run_dir / "checkpoints/last.pt")]
-    cmd += ["-i", str(source), "-o", str(out), "--quiet", "--threads", str(threads)]
-    cmd += ["--beam", str(d.beam_size), "--alpha", str(d.length_penalty)]
-    cmd += ["--max-len-a", str(d.max_len_a), "--max-len-b", str(d.max_len_b)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise NmtError(f"translating the dev set failed: {done.stderr.strip()[-300:]}")
 
 
 def _collect(recipe: RecipeConfig, out: RowResult) -> None:

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from typer.testing import CliRunner
+from unix_helpers import error_line, no_escape, one_error
 
 from nmt_cli.cli import app
 from nmt_cli.config import DecodeConfig
-from nmt_cli.engines.alignment import MERGE_NOTE
-from nmt_cli.engines.attention import record_attention
-from nmt_cli.engines.translate import Translator
+from nmt_cli.engines.translate.alignment import MERGE_NOTE
+from nmt_cli.engines.translate.attention import record_attention
+from nmt_cli.engines.translate.translator import Translator
 
 runner = CliRunner()
 SENTENCE = "the big red dog sat"
@@ -29,6 +30,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def draw(model: Path, out: Path, *args: str) -> tuple[int, list[Path], str]:
     result = runner.invoke(app, ["attention", SENTENCE, "-m", str(model), "-o", str(out), *args])
+    no_escape(result)
     return result.exit_code, [Path(p) for p in result.stdout.split()], result.stderr
 
 
@@ -142,7 +144,7 @@ def test_bad_options_get_one_line(
 ) -> None:
     code, _, err = draw(reverser_unseen, tmp_path / "out", *args)
     assert code == 1
-    assert len(err.strip().splitlines()) == 1 and message in err
+    assert len(err.strip().splitlines()) == 1 and message in error_line(err)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
@@ -155,9 +157,9 @@ def test_missing_model_empty_sentence_and_unwritable_output(
     blocker.write_text("not a directory")
     code, _, err = draw(reverser_unseen, blocker / "out")
     assert code == 1 and len(err.strip().splitlines()) == 1
-    assert f"--out {blocker / 'out'}: cannot create the directory" in err
+    assert f"--out {blocker / 'out'}: cannot create the directory" in error_line(err)
     result = runner.invoke(app, ["attention", "", "-m", str(reverser_unseen), "-o", str(tmp_path)])
-    assert result.exit_code == 1 and "the sentence is empty" in result.stderr
+    one_error(result, 1, "the sentence is empty")
 
 
 def test_without_matplotlib_images_are_refused_and_html_still_works(

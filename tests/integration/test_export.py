@@ -23,6 +23,7 @@ from translation_ckpt import (
     tiny_vocab,
 )
 from typer.testing import CliRunner
+from unix_helpers import no_escape, sole_error
 
 from nmt_cli.cli import app
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint, model_state, save_checkpoint
@@ -46,6 +47,7 @@ MAX_OUT = 30
 
 def export(*args: str) -> tuple[int, str]:
     result = runner.invoke(app, ["export", *args])
+    no_escape(result)
     return result.exit_code, result.stderr
 
 
@@ -165,8 +167,12 @@ def test_ctranslate2_int8_export_loads_and_translates(trained: Path, tmp_path: P
     out = tmp_path / "ct2-int8"
     code, err = export("--to", "ctranslate2", "--quantization", "int8", str(trained), str(out))
     assert code == 0, err
+    # the weights are stored as 8-bit integers, and the copy model still copies its lines
+    assert ctranslate2.Translator(str(out), device="cpu").compute_type.startswith("int8")
+    ckpt = load_checkpoint(trained)
     theirs = ct2_greedy(out, LINES[:5])
-    assert all(tokens for tokens, _ in theirs)
+    assert [t for t, _ in theirs] == [t for t, _ in nmt_greedy(ckpt, LINES[:5])]
+    assert [ckpt.vocab.tgt.decode(t) for t, _ in theirs] == LINES[:5]
 
 
 def test_huggingface_decodes_like_nmt(trained: Path, tmp_path: Path) -> None:
@@ -234,7 +240,7 @@ def test_learned_positions_go_to_ctranslate2_but_not_to_marian(
     model.load_state_dict(weights)
     learned = save_checkpoint(Checkpoint(cfg, ckpt.vocab, model_state(model)), tmp_path / "l.pt")
     code, err = export("--to", "huggingface", str(learned), str(tmp_path / "hf"))
-    assert code == 1 and "learned positions" in err and "Traceback" not in err
+    assert code == 1 and "learned positions" in sole_error(err)
     assert not (tmp_path / "hf").exists()
     assert export("--to", "ctranslate2", str(learned), str(tmp_path / "ct2"))[0] == 0
     lines = LINES[:10]
@@ -245,25 +251,24 @@ def test_bad_inputs_are_one_line_errors(trained: Path, tmp_path: Path) -> None:
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
     code, err = export("--to", "ctranslate2", str(trained), str(a_file))
-    assert code == 1 and "exists and is not a directory" in err
+    assert code == 1 and "exists and is not a directory" in sole_error(err)
     # the output is checked before the checkpoint is even read
     code, err = export("--to", "ctranslate2", str(tmp_path / "missing.pt"), str(a_file))
-    assert code == 1 and "not a directory" in err
+    assert code == 1 and "not a directory" in sole_error(err)
     code, err = export("--to", "ctranslate2", str(tmp_path / "missing.pt"), str(tmp_path / "o"))
-    assert code == 1 and "no such checkpoint file" in err
+    assert code == 1 and "no such checkpoint file" in sole_error(err)
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("mine")
     code, err = export("--to", "huggingface", str(trained), str(full))
-    assert code == 1 and "--force" in err and (full / "keep.txt").is_file()
+    assert code == 1 and "--force" in sole_error(err) and (full / "keep.txt").is_file()
     code, err = export("--to", "onnx", str(trained), str(tmp_path / "o"))
-    assert code == 2
+    assert code == 2 and "'onnx'" in sole_error(err)
     code, err = export(
         "--to", "ctranslate2", "--quantization", "int3", str(trained), str(tmp_path / "q")
     )
-    assert code == 2 and "--quantization 'int3'" in err and not (tmp_path / "q").exists()
-    for text in (err,):
-        assert "Traceback" not in text and len(text.strip().splitlines()) == 1
+    assert code == 2 and "--quantization 'int3'" in sole_error(err)
+    assert not (tmp_path / "q").exists()
 
 
 def test_force_replaces_a_directory_whole(trained: Path, tmp_path: Path) -> None:
@@ -281,7 +286,7 @@ def test_missing_library_says_what_to_install(
 ) -> None:
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # makes `import ctranslate2` fail
     code, err = export("--to", "ctranslate2", str(trained), str(tmp_path / "o"))
-    assert code == 1 and "pip install 'nmt-cli[export]'" in err and "Traceback" not in err
+    assert code == 1 and "pip install 'nmt-cli[export]'" in sole_error(err)
     assert not (tmp_path / "o").exists()
 
 

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
+from unix_helpers import one_error
 
 from nmt_cli.cli import app
 from nmt_cli.config import DataConfig
@@ -53,17 +54,12 @@ def text_corpus(root: Path, tests: tuple[str, ...] = ("test_2016_flickr",)) -> P
     return root
 
 
-def cli(*args: str) -> object:
+def cli(*args: str) -> Result:
     return runner.invoke(app, ["prepare", *args], env={"COLUMNS": "200"})
 
 
-def error_line(result: object, code: int = 1) -> str:
-    assert result.exit_code == code, result.output  # type: ignore[attr-defined]
-    output = result.output  # type: ignore[attr-defined]
-    assert "Traceback" not in output
-    errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, output
-    return errors[0]
+def error_line(result: Result, code: int = 1) -> str:
+    return one_error(result, code)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 from typer.testing import CliRunner
+from unix_helpers import error_line, no_escape
 
 from nmt_cli.cli import app
 from nmt_cli.engines.score import ScoreSettings, paper_tokenize, score_lines
@@ -41,6 +42,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
 
 def invoke(*args: str, stdin: str | None = None) -> tuple[int, str, str]:
     result = runner.invoke(app, ["score", *args], input=stdin)
+    no_escape(result)
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -100,6 +102,8 @@ def test_bootstrap_confidence_intervals(files: dict[str, Path]) -> None:
 def test_paired_significance_between_two_systems(files: dict[str, Path]) -> None:
     result = score_lines(HYPS, [REFS], ScoreSettings(paper=False), other=WORSE)
     bleu = next(c for c in result.comparisons if c.metric == "BLEU")
+    assert bleu.baseline == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
+    assert bleu.other == pytest.approx(sacrebleu.corpus_bleu(WORSE, [REFS]).score)
     assert bleu.baseline > bleu.other
     assert 0.0 < bleu.p_value <= 1.0
     code, out, _ = invoke(
@@ -113,17 +117,18 @@ def test_mismatched_line_counts_name_both(files: dict[str, Path], tmp_path: Path
     short.write_text("one line\n", encoding="utf-8")
     code, _, err = invoke("--ref", str(files["ref"]), str(short))
     assert code == 1
-    assert "has 1 lines but" in err and "has 4" in err and "Traceback" not in err
+    line = error_line(err)
+    assert "has 1 lines but" in line and "has 4" in line
 
 
 def test_empty_reference_and_missing_files(files: dict[str, Path], tmp_path: Path) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
     code, _, err = invoke("--ref", str(empty), str(files["hyp"]))
-    assert code == 1 and "the reference is empty" in err
+    assert code == 1 and "the reference is empty" in error_line(err)
     code, _, err = invoke("--ref", str(tmp_path / "nope.txt"), str(files["hyp"]))
-    assert code == 1 and "no such file" in err
+    assert code == 1 and "no such file" in error_line(err)
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine\nbroken \xff here\n")
     code, _, err = invoke("--ref", str(files["ref"]), str(bad))
-    assert code == 1 and "bad.txt:2: not valid UTF-8 (byte 0xff at column 8)" in err
+    assert code == 1 and "bad.txt:2: not valid UTF-8 (byte 0xff at column 8)" in error_line(err)

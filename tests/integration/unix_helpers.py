@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import traceback
 from pathlib import Path
 
 from typer.testing import CliRunner, Result
@@ -19,14 +20,40 @@ def nmt(*args: str, stdin: bytes | str = b"", env: dict[str, str] | None = None)
     return runner.invoke(app, list(args), input=stdin, env={"COLUMNS": "200", **(env or {})})
 
 
-def one_error(result: Result, code: int) -> str:
-    """The single `error:` line of a failed command, which must be its last line."""
-    assert result.exit_code == code, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+def no_escape(result: Result) -> None:
+    """No exception escaped the command. CliRunner prints no traceback for one: it ends
+    the run with exit code 1 and keeps the exception in `result.exception`, so that (not
+    "Traceback" in the output) is what shows a bug; a clean exit is a `SystemExit`."""
+    exc = result.exception
+    if exc is not None and not isinstance(exc, SystemExit):
+        shown = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else exc
+        raise AssertionError(f"an exception escaped the command:\n{shown}")
+
+
+def error_line(stderr: str) -> str:
+    """The single `error:` line of a failed command's stderr, which must be its last."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
-    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    assert len(errors) == 1 and lines[-1] == errors[0], stderr
     return errors[0]
+
+
+def sole_error(stderr: str) -> str:
+    """The `error:` line that is the whole of a failed command's stderr."""
+    line = error_line(stderr)
+    assert stderr.strip().splitlines() == [line], stderr
+    return line
+
+
+def one_error(result: Result, code: int, *fragments: str) -> str:
+    """The `error:` line of a command a user made fail: exit `code`, no exception escaped,
+    one `error:` line, last, holding every one of `fragments`."""
+    assert result.exit_code == code, (result.exit_code, result.output)
+    no_escape(result)
+    line = error_line(result.stderr)
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    return line
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -30,7 +30,7 @@ from nmt_cli.core.vocab import VocabPair
 from nmt_cli.cpu_decode import build
 from nmt_cli.cpu_decode.build import CompileError
 from nmt_cli.cpu_decode.decoder import CpuDecoder, kernel_advance
-from nmt_cli.cpu_decode.linear import Int8Linear, PackedLinear, log_probs, packed_bf16_available
+from nmt_cli.cpu_decode.linear import Int8Linear, PackedLinear, packed_bf16_available
 from nmt_cli.cpu_decode.slot_cache import SlotCache
 from nmt_cli.engines.models import build_decoder
 
@@ -142,11 +142,14 @@ def test_the_fast_log_softmax_is_pytorchs_to_a_few_ulp(
 
 def test_bf16_and_int8_steps_use_it_and_fp32_keeps_pytorchs(kernel: ModuleType) -> None:
     logits = torch.randn(2, 50)
-    assert torch.equal(log_probs(None, logits), torch.log_softmax(logits, -1))
-    packed = decode_model("bf16", kernel).projection
+    assert torch.equal(
+        decode_model("fp32", kernel).log_probs(logits), torch.log_softmax(logits, -1)
+    )
+    bf16 = decode_model("bf16", kernel)
     if not kernel.bf16_kernel_available():
-        pytest.skip("this CPU has no AVX-512 BF16: bf16 keeps PyTorch's log-softmax too")
-    assert torch.equal(log_probs(packed, logits), kernel.fast_log_softmax(logits))
+        assert bf16.own_arithmetic is None  # PyTorch's products: PyTorch's log-softmax
+        pytest.skip("this CPU has no AVX-512 BF16")
+    assert torch.equal(bf16.log_probs(logits), kernel.fast_log_softmax(logits))
 
 
 def test_more_rows_than_the_kernel_takes_go_to_onednn(kernel: ModuleType) -> None:

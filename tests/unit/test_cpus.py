@@ -77,7 +77,7 @@ def test_the_affinity_mask_is_respected() -> None:
         pytest.skip("no affinity on this platform")
     import torch
 
-    from nmt_cli.engines.translate import set_threads
+    from nmt_cli.engines.translate.loading import set_threads
 
     before, threads = os.sched_getaffinity(0), torch.get_num_threads()
     try:

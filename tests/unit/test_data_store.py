@@ -76,7 +76,7 @@ def test_add_flat_refuses_lengths_that_do_not_add_up(tmp_path: Path) -> None:
 
 def test_truncated_index_is_refused(tmp_path: Path) -> None:
     writer = TokenStoreWriter(tmp_path / "x", 100)
-    writer.add_many([[1, 2], [3]])
+    writer.add_flat(np.array([1, 2, 3]), np.array([2, 1]))
     writer.close()
     idx = tmp_path / "x.idx"
     idx.write_bytes(idx.read_bytes()[:-8])

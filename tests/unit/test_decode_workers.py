@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from nmt_cli.core.search import Hypothesis
-from nmt_cli.engines.decode_workers import DecodePool, forks
+from nmt_cli.engines.translate.workers import DecodePool, forks
 from nmt_cli.errors import NmtError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # workers are processes at one thread
 
 
 class Echo:
-    """Stands in for a Translator: 'decodes' each row into its own tokens, and reports
+    """Stands in for a Translator (a workers.RowDecoder): 'decodes' each row into its own tokens, and reports
     which process did it."""
 
     def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
@@ -30,7 +30,7 @@ class Dies:
 
 
 def test_batches_come_back_in_order_from_the_workers() -> None:
-    pool = DecodePool(Echo(), 2)  # type: ignore[arg-type]
+    pool = DecodePool(Echo(), 2)
     try:
         batches = [[[i, i + 1]] for i in range(12)]
         decoded = pool.map(batches, attention=True)
@@ -51,7 +51,7 @@ def test_several_threads_per_worker_mean_threads_not_processes() -> None:
 def test_a_worker_that_dies_is_a_clear_error() -> None:
     if not forks():
         pytest.skip("worker processes only where the system forks")
-    pool = DecodePool(Dies(), 2)  # type: ignore[arg-type]
+    pool = DecodePool(Dies(), 2)
     try:
         with pytest.raises(NmtError, match="decoding worker process died"):
             pool.map([[[1]], [[2]]], attention=False)

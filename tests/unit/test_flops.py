@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from nmt_cli.core import flops
 from nmt_cli.core.flops import forward_flops, matmul_rate, train_flops
 from nmt_cli.core.transformer import ModelConfig, Transformer
 
@@ -33,5 +35,33 @@ def test_base_model_costs_about_six_flops_per_parameter_and_token() -> None:
     assert 6 * 63.0e6 < per_token < 6 * 63.0e6 * 1.02
 
 
-def test_matmul_rate_is_positive() -> None:
-    assert matmul_rate(torch.device("cpu"), torch.float32, n=64, reps=1) > 0
+class ScriptedProducts:
+    """A clock, and a matrix whose each product takes the next of `durations` on it."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.now, self.durations = 0.0, durations
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def randn(self, *_: object, **__: object) -> ScriptedProducts:
+        return self
+
+    def to(self, _: object) -> ScriptedProducts:
+        return self
+
+    def __matmul__(self, _: object) -> ScriptedProducts:
+        self.now += self.durations.pop(0)
+        return self
+
+
+def test_matmul_rate_is_the_best_timed_product_after_the_warm_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The warm-up product (the quickest here) is left out, and the rate is 2 n^3 FLOPs
+    over the quickest of the `reps` timed products."""
+    script = ScriptedProducts([0.125, 0.5, 0.25, 1.0])
+    monkeypatch.setattr(flops, "time", script)
+    monkeypatch.setattr(flops, "torch", script)
+    assert matmul_rate(torch.device("cpu"), torch.float32, n=64, reps=3) == 2 * 64**3 / 0.25
+    assert script.durations == []  # the warm-up and the three timed products, no more

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -9,19 +10,22 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import sacrebleu
 import torch
 from train_data import make_data_dir, pairs, tiny_recipe, with_model
 
-from nmt_cli.config import TrainConfig
+from nmt_cli.config import RecipeConfig, TrainConfig
 from nmt_cli.core import objective as objective_module
 from nmt_cli.core.batching import plan_epoch
-from nmt_cli.core.checkpoint import load_checkpoint
+from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
 from nmt_cli.core.precision import cpu_supports_bf16
 from nmt_cli.core.schedule import paper_learning_rate
-from nmt_cli.core.vocab import train_sentencepiece
+from nmt_cli.core.search import greedy_search
+from nmt_cli.core.vocab import EOS_ID, PAD_ID, train_sentencepiece
 from nmt_cli.engines.train import TrainOptions, train
 from nmt_cli.engines.train.events import Notice, StepDone, TrainEvent, TrainStarted
 from nmt_cli.engines.train.feed import derive_split
@@ -70,6 +74,21 @@ def test_split_respects_the_per_pass_memory_cap() -> None:
         assert padded <= split.accum * split.max_tokens < padded + split.accum
 
 
+def greedy_dev_bleu(ckpt: Checkpoint, recipe: RecipeConfig, n: int) -> float:
+    """sacreBLEU of the checkpoint's greedy translations of the first `n` dev pairs that
+    make_data_dir wrote (`pairs(12, seed=2)`), against their raw targets: validation's
+    figure, computed here from the text."""
+    dev = pairs(12, seed=2)[:n]
+    ids = ckpt.vocab.src.encode([s for s, _ in dev])
+    src = torch.full((n, max(map(len, ids)) + 1), PAD_ID)
+    for row, x in enumerate(ids):
+        src[row, : len(x) + 1] = torch.tensor([*x, EOS_ID])
+    decode = recipe.decode
+    results = greedy_search(ckpt.build_model(), src, decode.max_len_a, decode.max_len_b)
+    hyps = [ckpt.vocab.tgt.decode(r[0].tokens) for r in results]
+    return float(sacrebleu.corpus_bleu(hyps, [[t for _, t in dev]]).score)
+
+
 def test_checkpoints_rotation_metrics_and_schedule(data: Path, tmp_path: Path) -> None:
     recipe = tiny_recipe(
         data, tmp_path / "run", save_interval_steps=2, max_steps=7, validate_bleu_sentences=5
@@ -86,7 +105,8 @@ def test_checkpoints_rotation_metrics_and_schedule(data: Path, tmp_path: Path) -
     assert last.train_state["step"] == 7
     step7 = load_checkpoint(run.step_path(7))
     assert step7.kind == "inference" and "dev_loss" in step7.meta
-    assert 0.0 <= step7.meta["dev_bleu"] <= 100.0 and step7.meta["dev_ppl"] > 1.0
+    assert step7.meta["dev_bleu"] == pytest.approx(greedy_dev_bleu(step7, recipe, 5))
+    assert step7.meta["dev_ppl"] > 1.0
     assert all(torch.equal(v, last.model[k]) for k, v in step7.model.items())
     records = [json.loads(line) for line in run.metrics.read_text().splitlines()]
     valid = [r for r in records if r["type"] == "valid"]
@@ -230,3 +250,28 @@ def test_tensorboard_missing_is_a_notice_only_when_asked_for(
         notices = [e.text for e in events if isinstance(e, Notice)]
         assert any("tensorboard is not installed" in n for n in notices) == warned
         assert not (run / "tensorboard").exists()
+
+
+def test_a_resumed_run_opens_its_data_and_checkpoint_once(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`train()` builds one plan (data directory, model configuration, checkpoint to
+    resume) and the rank trains from it, reading neither again."""
+    from nmt_cli.engines.train import loop, plan
+
+    recipe = tiny_recipe(data, tmp_path / "run", max_steps=2, save_interval_steps=0)
+    train(recipe)
+    opened: list[str] = []
+
+    def counting(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            opened.append(name)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(loop, "open_data_dir", counting("data", loop.open_data_dir))
+    monkeypatch.setattr(plan, "load_checkpoint", counting("last.pt", plan.load_checkpoint))
+    longer = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, max_steps=4))
+    assert train(longer).steps == 4
+    assert opened == ["data", "last.pt"]

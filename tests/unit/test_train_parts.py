@@ -3,17 +3,21 @@ keeper, reporter and feed."""
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import pytest
 import torch
-from train_data import make_data_dir
+from train_data import make_data_dir, tiny_recipe, with_model
 
 from nmt_cli.config import TrainConfig
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.data_dir import open_data_dir
+from nmt_cli.engines.train import train
 from nmt_cli.engines.train.checkpoints import (
     CheckpointKeeper,
     Position,
@@ -23,11 +27,13 @@ from nmt_cli.engines.train.checkpoints import (
 from nmt_cli.engines.train.distributed import DistContext
 from nmt_cli.engines.train.events import CheckpointSaved, StepDone, TrainEvent
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
+from nmt_cli.engines.train.plan import plan_training
 from nmt_cli.engines.train.report import Reporter
 from nmt_cli.engines.train.run_dir import RunDir
 from nmt_cli.engines.train.step import UpdateStats
 from nmt_cli.engines.train.stop import StopPolicy
 from nmt_cli.engines.train.validate import DevFigures
+from nmt_cli.errors import NmtError
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +167,53 @@ def test_feed_resumes_mid_epoch_and_moves_on_to_the_next(data: Path) -> None:
     batches = feed.micro_batches(feed.plan(0), 0)
     assert len(batches) == split.accum and all(w == 1.0 for _, w in batches)
     assert feed.micro_seeds(5) != feed.micro_seeds(6)
+
+
+# -- the plan every rank starts from ----------------------------------------------------------
+
+
+def test_plan_crosses_to_a_spawned_rank_with_the_checkpoint_path_alone(
+    tmp_path: Path, data: Path
+) -> None:
+    """As `launch` hands it to a spawned rank (multiprocessing's pickler): the data
+    directory, recipe and model configuration arrive whole; the checkpoint to resume as its
+    path, which the rank reads once, and not as tensors through shared memory."""
+    recipe = tiny_recipe(data, tmp_path / "run", max_steps=1, save_interval_steps=0)
+    train(recipe)
+    plan = plan_training(recipe, open_data_dir(data), RunDir(tmp_path / "run"))
+    tensors: list[torch.Tensor] = []
+
+    class Spy(ForkingPickler):
+        def persistent_id(self, obj: object) -> None:
+            if isinstance(obj, torch.Tensor):
+                tensors.append(obj)
+
+    sent = io.BytesIO()
+    Spy(sent).dump(plan)
+    assert not tensors  # no weights in it
+    copy = pickle.loads(sent.getvalue())
+    assert copy.recipe == plan.recipe and copy.model_config == plan.model_config
+    assert copy.data == plan.data and copy.run_root == plan.run_root
+    assert copy.data.vocab.src.encode(["a b"]) == plan.data.vocab.src.encode(["a b"])
+    assert plan.resume is not None and copy.resume is not None
+    here, there = plan.resume.take(), copy.resume.take()
+    assert here.step == there.step == 1
+    for key, value in here.model.items():
+        assert torch.equal(there.model[key], value)
+
+
+def test_plan_of_a_fresh_run_resumes_nothing_and_sizes_the_model(
+    tmp_path: Path, data: Path
+) -> None:
+    prepared = open_data_dir(data)
+    plan = plan_training(tiny_recipe(data, tmp_path / "run"), prepared, RunDir(tmp_path / "run"))
+    assert plan.resume is None
+    assert plan.model_config.src_vocab_size == len(prepared.vocab.src)
+    assert plan.model_config.joint_vocab
+
+
+def test_plan_refuses_to_resume_another_model(tmp_path: Path, data: Path) -> None:
+    recipe = tiny_recipe(data, tmp_path / "run", max_steps=1, save_interval_steps=0)
+    train(recipe)
+    with pytest.raises(NmtError, match=r"model\.d_ff: 64 vs 128"):
+        plan_training(with_model(recipe, d_ff=128), open_data_dir(data), RunDir(tmp_path / "run"))

@@ -63,6 +63,14 @@ def _proto() -> bytes:
     return train_sentencepiece(lines, vocab_size=40)
 
 
+def write_store(prefix: Path, vocab_size: int, seqs: list[list[int]]) -> None:
+    """A token store of `seqs`, written as `nmt prepare` writes one (`add_flat`)."""
+    writer = TokenStoreWriter(prefix, vocab_size)
+    flat = [i for seq in seqs for i in seq]
+    writer.add_flat(np.array(flat, dtype=np.int64), np.array([len(s) for s in seqs]))
+    writer.close()
+
+
 def make_data_dir(root: Path, n_train: int = 96, n_valid: int = 12) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     proto = _proto()
@@ -71,9 +79,7 @@ def make_data_dir(root: Path, n_train: int = 96, n_valid: int = 12) -> Path:
     splits = {"train": pairs(n_train, seed=1), "valid": pairs(n_valid, seed=2)}
     for name, items in splits.items():
         for side, col in (("src", 0), ("tgt", 1)):
-            writer = TokenStoreWriter(root / f"{name}.{side}", len(vocab))
-            writer.add_many(vocab.encode([p[col] for p in items]))
-            writer.close()
+            write_store(root / f"{name}.{side}", len(vocab), vocab.encode([p[col] for p in items]))
             if name != "train":
                 text = "".join(p[col] + "\n" for p in items)
                 (root / f"{name}.{side}.txt").write_text(text, encoding="utf-8")
@@ -179,8 +185,6 @@ def batch_of(examples: list[tuple[list[int], list[int]]]) -> Batch:
     """Collate (src ids, tgt ids) pairs through real token stores in a temporary dir."""
     with tempfile.TemporaryDirectory() as tmp:
         for side, col in (("src", 0), ("tgt", 1)):
-            writer = TokenStoreWriter(Path(tmp) / side, 64)
-            writer.add_many(e[col] for e in examples)
-            writer.close()
+            write_store(Path(tmp) / side, 64, [e[col] for e in examples])
         src, tgt = TokenStore(Path(tmp) / "src"), TokenStore(Path(tmp) / "tgt")
         return collate(src, tgt, np.arange(len(examples)))

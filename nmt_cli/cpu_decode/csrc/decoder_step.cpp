@@ -36,7 +36,7 @@ using Fields = std::vector<std::string>;
 // (cpu_decode/contract.py: STRUCTURES), compared at load by the Python side.
 const std::map<std::string, Fields> kContract = {
     {"step", {"heads", "d_k", "d_v", "eps", "embed_scale", "tokens", "positions", "projection",
-              "layers"}},
+              "module_log_softmax", "layers"}},
     {"layer", {"self_qkv", "self_out", "cross_q", "cross_out", "ffn_w1", "ffn_w2", "norm1",
                "norm2", "norm3"}},
     {"norm", {"weight", "bias"}},
@@ -118,12 +118,6 @@ class Linear {
   }
 
   Tensor operator()(const Tensor& x) const { return run(x, false); }
-
-  // Whether the layer runs on this module's kernels (cpu_decode/linear.py: its
-  // `kernel` is set), which also decides the log-softmax after the output projection.
-  bool uses_module() const {
-    return kind_ == Kind::kInt8Rows || (kind_ == Kind::kPacked && rows_packed_.has_value());
-  }
 
   // max(0, x W^T + b): fused into the product except for plain layers.
   Tensor relu(const Tensor& x) const { return run(x, true); }
@@ -217,7 +211,8 @@ class DecoderStep {
         embed_scale_(get<double>(spec, "step", "embed_scale")),
         tokens_(get<Tensor>(spec, "step", "tokens")),
         positions_(get<Tensor>(spec, "step", "positions")),
-        projection_(get<py::dict>(spec, "step", "projection")) {
+        projection_(get<py::dict>(spec, "step", "projection")),
+        module_log_softmax_(get<bool>(spec, "step", "module_log_softmax")) {
     for (const auto& item : get<py::list>(spec, "step", "layers")) {
       const auto layer = item.cast<py::dict>();
       layers_.push_back(Layer{linear_of(layer, "self_qkv"), linear_of(layer, "self_out"),
@@ -330,16 +325,16 @@ class DecoderStep {
       y = layer.ff2.add(layer.ff1.relu(y), y);
       y = at::layer_norm(y, {y.size(1)}, layer.norm3.weight, layer.norm3.bias, eps_);
     }
-    // As the Python step (cpu_decode/decoder.py): the module's log-softmax after
-    // a projection on its kernels (bf16, int8), PyTorch's otherwise (fp32 models).
-    return projection_.uses_module() ? nmt::fast_log_softmax(projection_(y))
-                                     : at::log_softmax(projection_(y), -1, at::kFloat);
+    // The log-softmax the Python side chose (cpu_decode/decoder.py decides, once).
+    return module_log_softmax_ ? nmt::fast_log_softmax(projection_(y))
+                               : at::log_softmax(projection_(y), -1, at::kFloat);
   }
 
   int64_t heads_, d_k_, d_v_;
   double eps_, embed_scale_;
   Tensor tokens_, positions_;
   Linear projection_;
+  bool module_log_softmax_;
   std::vector<Layer> layers_;
 };
 

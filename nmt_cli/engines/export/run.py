@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from nmt_cli import __version__
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.engines.export import ctranslate2 as ct2
 from nmt_cli.engines.export import huggingface as hf
 from nmt_cli.engines.export.output import check_output_dir, staged_dir, write_json
+from nmt_cli.version import __version__
 
 ExportTarget = Literal["ctranslate2", "huggingface"]
 TARGETS: tuple[ExportTarget, ...] = ("ctranslate2", "huggingface")

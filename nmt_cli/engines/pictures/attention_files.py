@@ -18,8 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from nmt_cli.core.files import atomic_write_text
-from nmt_cli.engines.attention import AttentionMaps
-from nmt_cli.engines.attention_views import check_layer
 from nmt_cli.engines.pictures.attention_html import attention_page
 from nmt_cli.engines.pictures.attention_plots import Panel, draw_heatmaps, draw_lines
 from nmt_cli.engines.pictures.backend import (
@@ -29,6 +27,8 @@ from nmt_cli.engines.pictures.backend import (
     require_plotting,
     save_figure,
 )
+from nmt_cli.engines.translate.attention import AttentionMaps
+from nmt_cli.engines.translate.views import check_layer
 from nmt_cli.errors import NmtError
 
 FORMATS = ATTENTION_FORMATS

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nmt_cli.engines.attention import AttentionMaps
+from nmt_cli.engines.translate.attention import AttentionMaps
 
 DECIMALS = 3  # weights to 0.001: invisible differences cost most of the file
 

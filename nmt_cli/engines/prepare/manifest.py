@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from nmt_cli import __version__
 from nmt_cli.core.files import atomic_write_text
 from nmt_cli.data_dir import DATA_FORMAT, DATA_VERSION, MANIFEST, sha256_file
 from nmt_cli.engines.prepare.cleaning import Cleaned
 from nmt_cli.engines.prepare.layout import SPLITS, Layout
 from nmt_cli.engines.prepare.progress import Progress, step
 from nmt_cli.engines.prepare.vocabulary import Vocabulary
+from nmt_cli.version import __version__
 
 VERSIONED = ("sentencepiece", "sacremoses", "datasets", "numpy")
 

@@ -3,8 +3,10 @@
     train(recipe, options, on_event) -> TrainResult
 
 reads the prepared data directory named by the recipe, writes the run directory (see
-`run_dir.py`), and resumes from `checkpoints/last.pt` when a previous run left one. Every
-rank runs `_train_rank`; only rank 0 writes files and reports events.
+`run_dir.py`), and resumes from `checkpoints/last.pt` when a previous run left one. The
+data directory, the model's configuration and the checkpoint to resume are read and
+checked once, into a `TrainPlan` (`plan.py`) handed to every rank, and every rank runs
+`_train_rank` on it; only rank 0 writes files and reports events.
 
 The loop is assembled from parts with one job each: `TrainFeed` (which batches make
 each update), `Updater` (one optimizer update), `StopPolicy` (when to save and stop),
@@ -28,34 +30,33 @@ import torch
 
 from nmt_cli.config import RecipeConfig
 from nmt_cli.core.batching import EpochPlan
-from nmt_cli.core.checkpoint import load_checkpoint, model_state
+from nmt_cli.core.checkpoint import model_state
 from nmt_cli.core.cpus import usable_cpus
 from nmt_cli.core.flops import matmul_rate
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.schedule import paper_adam, paper_learning_rate
-from nmt_cli.core.transformer import ModelConfig, Transformer, count_parameters
-from nmt_cli.core.vocab import PAD_ID, VocabPair
+from nmt_cli.core.transformer import Transformer, count_parameters
 from nmt_cli.data_dir import open_data_dir
-from nmt_cli.engines.attention import attention_of
 from nmt_cli.engines.train.build import check_positions, describe_device, training_objective
 from nmt_cli.engines.train.checkpoints import (
     CheckpointKeeper,
     Position,
-    check_resumable,
     restore_train_state,
     train_state,
 )
-from nmt_cli.engines.train.data_record import data_record, reconcile, refuse_other_data
+from nmt_cli.engines.train.data_record import data_record, reconcile
 from nmt_cli.engines.train.device_choices import choose
 from nmt_cli.engines.train.distributed import DistContext, LaunchSpec, check_devices, launch
 from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
+from nmt_cli.engines.train.plan import TrainPlan, plan_training
 from nmt_cli.engines.train.report import EventSink, Reporter
 from nmt_cli.engines.train.run_dir import RunDir
 from nmt_cli.engines.train.step import Updater, UpdateStats
 from nmt_cli.engines.train.stop import StopPolicy, StopRequest, TrainingClock
 from nmt_cli.engines.train.threads import ThreadTuner
 from nmt_cli.engines.train.validate import DevFigures, Validator
+from nmt_cli.engines.translate.attention import attention_of
 from nmt_cli.errors import NmtError
 
 
@@ -85,18 +86,6 @@ class TrainResult:
     signal: int = 0  # with stopped_by == "signal": its number (SIGINT 2, SIGTERM 15)
 
 
-def model_config_for(recipe: RecipeConfig, vocab: VocabPair) -> ModelConfig:
-    """The recipe's model, sized for the data's vocabulary; whether the source embedding
-    joins the shared matrix follows the vocabulary being joint (section 3.4)."""
-    return dataclasses.replace(
-        recipe.model,
-        src_vocab_size=len(vocab.src),
-        tgt_vocab_size=len(vocab.tgt),
-        pad_id=PAD_ID,
-        joint_vocab=vocab.joint,
-    )
-
-
 def train(
     recipe: RecipeConfig,
     options: TrainOptions | None = None,
@@ -112,21 +101,19 @@ def train(
     # Checks that would fail identically on every rank run once, here, with one message.
     data = open_data_dir(recipe.data.dir)
     reconciled = reconcile(recipe, data)
-    recipe = reconciled.recipe
-    cfg = model_config_for(recipe, data.vocab)
-    if run.last.is_file():
-        check_resumable(load_checkpoint(run.last), cfg, data.vocab, run.last)
-        refuse_other_data(run, data)
     is_rank0 = int(os.environ.get("RANK", "0")) == 0
     if is_rank0:
         run.acquire_lock()
-        run.remove_partial_writes()  # safe: the lock says no other writer is alive
-        for text in reconciled.warnings:
-            run.log(f"warning: {text}")
-            if on_event is not None:
-                on_event(Notice(text, warning=True))
     try:
-        result: TrainResult = launch(spec, _train_rank, (recipe, run.root, options), (on_event,))
+        # Under the lock: the checkpoint read to resume is the one no other writer changes.
+        plan = plan_training(reconciled.recipe, data, run)
+        if is_rank0:
+            run.remove_partial_writes()  # safe: the lock says no other writer is alive
+            for text in reconciled.warnings:
+                run.log(f"warning: {text}")
+                if on_event is not None:
+                    on_event(Notice(text, warning=True))
+        result: TrainResult = launch(spec, _train_rank, (plan, options), (on_event,))
         return result
     finally:
         if is_rank0:
@@ -139,16 +126,17 @@ class _Trainer:
     def __init__(
         self,
         ctx: DistContext,
-        recipe: RecipeConfig,
+        plan: TrainPlan,
         run: RunDir,
         reporter: Reporter,
         max_nonfinite: int,
     ) -> None:
+        recipe = plan.recipe
         self.ctx, self.recipe, self.run, self.report = ctx, recipe, run, reporter
         self.tc = tc = recipe.train
         self.max_nonfinite = max_nonfinite
         self.consecutive_bad = 0
-        self.data = open_data_dir(recipe.data.dir)
+        self.data = plan.data
         self.choices = choose(tc, ctx.device)
         multiple = self.choices.shape_multiple
         train_src, train_tgt = self.data.split("train")
@@ -163,10 +151,10 @@ class _Trainer:
             str(self.data.root),
             multiple,
         )
-        self.cfg = model_config_for(recipe, self.data.vocab)
+        self.cfg = plan.model_config
         check_positions(self.cfg, train_src.lengths, train_tgt.lengths)
         self.precision = resolve_precision(tc.precision, ctx.device, "train.precision")
-        resume = load_checkpoint(run.last) if run.last.is_file() else None
+        resume = plan.resume.take() if plan.resume is not None else None
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg).to(ctx.device)
         self.model.set_attention_backend(self.choices.attention_backend)
@@ -361,17 +349,17 @@ def _set_threads(recipe: RecipeConfig, ctx: DistContext) -> None:
 
 def _train_rank(
     ctx: DistContext,
-    recipe: RecipeConfig,
-    run_root: Path,
+    plan: TrainPlan,
     options: TrainOptions,
     on_event: EventSink | None = None,
 ) -> TrainResult:
+    recipe = plan.recipe
     _set_threads(recipe, ctx)
-    run = RunDir(run_root)
+    run = RunDir(plan.run_root)
     if ctx.is_main:
         run.write_config(recipe.to_dict())
     reporter = Reporter(run, recipe.train, on_event, ctx.is_main)
-    trainer = _Trainer(ctx, recipe, run, reporter, options.max_nonfinite)
+    trainer = _Trainer(ctx, plan, run, reporter, options.max_nonfinite)
     if ctx.is_main:
         run.write_vocab(trainer.data.vocab)
         run.write_data_record(data_record(trainer.data))

@@ -27,7 +27,7 @@ from nmt_cli.engines.train.step import UpdateStats
 from nmt_cli.engines.train.validate import DevFigures
 
 if TYPE_CHECKING:
-    from nmt_cli.engines.attention import AttentionMaps
+    from nmt_cli.engines.translate.attention import AttentionMaps
 
 EventSink = Callable[[TrainEvent], None]
 

@@ -16,14 +16,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from nmt_cli.config import RecipeConfig
+from nmt_cli.config import DecodeConfig, RecipeConfig
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches, pad_sources
 from nmt_cli.core.data import TokenStore
+from nmt_cli.core.eval_mode import evaluating
 from nmt_cli.core.precision import autocast
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.core.vocab import PAD_ID, Vocab
+from nmt_cli.core.vocab import PAD_ID, VocabPair
 from nmt_cli.data_dir import PreparedData
 from nmt_cli.engines.train.events import BatchSplit
+from nmt_cli.engines.translate.translator import Translator
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,10 @@ def dev_loss(
     """(smoothed loss, nll) per target token over the whole dev set."""
     from nmt_cli.core.losses import label_smoothed_sums
 
-    was_training = model.training
-    model.eval()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     nll_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = 0
-    try:
+    with evaluating(model):
         for batch in dev.batches:
             b = batch.to(device)
             with autocast(precision, device):
@@ -87,8 +87,6 @@ def dev_loss(
             loss_sum += loss.double()
             nll_sum += nll.double()
             tokens += b.tgt_tokens
-    finally:
-        model.train(was_training)
     total = max(tokens, 1)
     return float(loss_sum) / total, float(nll_sum) / total
 
@@ -97,7 +95,7 @@ def dev_loss(
 def greedy_bleu(
     model: Transformer,
     dev: DevSet,
-    vocab: Vocab,
+    vocab: VocabPair,
     sentences: int,
     references: Path | None,
     max_len_a: float,
@@ -109,30 +107,29 @@ def greedy_bleu(
     """sacreBLEU of greedy translations of the first `sentences` dev sentences.
 
     References are the raw dev text when the data directory has it (true detokenized
-    BLEU), otherwise the decoded dev target ids.
+    BLEU), otherwise the decoded dev target ids. The translator's search decodes the dev
+    token ids as they are stored, in dev order and in the training precision, so the
+    figure does not depend on re-encoding the raw text or on translate's batching.
     """
     import sacrebleu
-
-    from nmt_cli.core.search import greedy_search
 
     n = min(sentences, len(dev))
     if references is not None and references.is_file():
         with open(references, encoding="utf-8") as fh:
             refs = [line.rstrip("\n") for _, line in zip(range(n), fh, strict=False)]
     else:
-        refs = [vocab.decode(dev.tgt[i].tolist()) for i in range(n)]
-    was_training = model.training
-    model.eval()
+        refs = [vocab.tgt.decode(dev.tgt[i].tolist()) for i in range(n)]
+    translator = Translator(
+        model, vocab, DecodeConfig(beam_size=1, max_len_a=max_len_a, max_len_b=max_len_b)
+    )
     hyps: list[str] = []
-    try:
+    with evaluating(model):
         for lo in range(0, n, batch_size):
             src = pad_sources([dev.src[i] for i in range(lo, min(n, lo + batch_size))])
             src = src.to(device)
             with autocast(precision, device):
-                results = greedy_search(model, src, max_len_a, max_len_b)
-            hyps.extend(vocab.decode(r[0].tokens) for r in results)
-    finally:
-        model.train(was_training)
+                results = translator.search(src)
+            hyps.extend(vocab.tgt.decode(r[0].tokens) for r in results)
     return float(sacrebleu.corpus_bleu(hyps, [refs[: len(hyps)]]).score)
 
 
@@ -161,7 +158,7 @@ class Validator:
             bleu = greedy_bleu(
                 self.model,
                 self.dev,
-                self.data.vocab.tgt,
+                self.data.vocab,
                 tc.validate_bleu_sentences,
                 self.data.raw_text("valid", "tgt"),
                 decode.max_len_a,

@@ -20,14 +20,13 @@ import torch
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.batching import pad_sources
-
-from nmt_cli.core.search import beam_search
+from nmt_cli.core.ensemble import Ensemble
+from nmt_cli.core.eval_mode import evaluating
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.engines.alignment import MERGE_NOTE, merge_words, word_labels
-from nmt_cli.engines.models import beam_advance
-from nmt_cli.engines.attention_views import EveryAttention
-from nmt_cli.engines.translate import Translator
+from nmt_cli.engines.translate.alignment import MERGE_NOTE, merge_words, word_labels
+from nmt_cli.engines.translate.translator import Translator
+from nmt_cli.engines.translate.views import EveryAttention
 from nmt_cli.errors import NmtError
 
 BOS, EOS = "<s>", "</s>"
@@ -79,9 +78,7 @@ def record_attention(translator: Translator, sentence: str) -> AttentionMaps:
     ids = translator.vocab.src.encode([sentence])[0][: translator.max_source]
     if not ids:
         raise NmtError("the sentence is empty: give some text to translate")
-    if not isinstance(translator.model, Transformer):
-        raise NmtError("attention maps are drawn for one model, not an ensemble")
-    return attention_of(translator.model, translator.vocab, ids, translator.cfg, sentence)
+    return _maps(translator, ids, sentence)
 
 
 def attention_of(
@@ -91,28 +88,22 @@ def attention_of(
     cfg: DecodeConfig,
     source_text: str | None = None,
 ) -> AttentionMaps:
-    """The attention maps of source `ids` (without EOS) and their best translation; the
-    model is in eval mode for the call (training validates with it) and restored after."""
-    ids = [int(i) for i in ids]  # token stores hand out numpy arrays
-    was_training = model.training
-    model.eval()
-    try:
-        view = EveryAttention(model)
-        src = pad_sources([ids]).to(next(model.parameters()).device)
-        best = beam_search(
-            view,
-            src,
-            beam_size=cfg.beam_size,
-            length_penalty=cfg.length_penalty,
-            max_len_a=cfg.max_len_a,
-            max_len_b=cfg.max_len_b,
-            need_weights=True,
-            advance=beam_advance(model),  # ranks as `nmt translate` does
-        )[0][0]
-    finally:
-        model.train(was_training)
+    """The attention maps of source `ids` (without EOS) and their best translation, by a
+    model being trained: in eval mode for the call, and restored after."""
+    with evaluating(model):
+        return _maps(Translator(model, vocab, cfg), [int(i) for i in ids], source_text)
+
+
+def _maps(translator: Translator, ids: list[int], source_text: str | None) -> AttentionMaps:
+    """Search as the translator does, through a view that records every weight."""
+    model, vocab = translator.model, translator.vocab
+    if isinstance(model, Ensemble):
+        raise NmtError("attention maps are drawn for one model, not an ensemble")
+    view = EveryAttention(model)
+    src = pad_sources([ids]).to(translator.device)  # one sentence: no padding at all
+    best = translator.search(src, view, nbest=1)[0][0]
     assert best.attention is not None
-    n_src, n_tgt, layers = len(ids) + 1, len(best.tokens) + 1, len(model.decoder)
+    n_src, n_tgt, layers = len(ids) + 1, len(best.tokens) + 1, view.model.cfg.decoder_layers
     encoder = torch.stack([w[0, :, :n_src, :n_src] for w in view.encoder]).float()
     decoder = torch.zeros(layers, encoder.size(1), n_tgt, n_tgt)
     cross = torch.zeros(layers, encoder.size(1), n_tgt, n_src)

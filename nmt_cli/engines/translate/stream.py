@@ -1,24 +1,37 @@
-"""The streaming side of `nmt translate`: chunks of input lines in, formatted output out.
+"""The streaming side of `nmt translate`: a file (or stdin) in, formatted lines out.
 
-Lines arrive in chunks from a read-ahead buffer (`read_chunks`): a chunk is whatever is
-available, up to `buffer_lines`, so an interactive user is answered at once and a file of
-a million lines is translated in bounded memory. `translate_stream` hands each chunk to a
-`Translator` and the results to an `emit` callback before reading on;
+`translate_file` is the command's whole job, callable without the CLI: check the input
+and output, load the `Translator`, read the input ahead in chunks (`chunks.read_chunks`),
+translate and write chunk after chunk, report. `translate_stream` hands each chunk to the
+translator and the results to an `emit` callback before reading on;
 `format_translations` turns one chunk's results into plain, n-best or JSON lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import queue
-import threading
+import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from pathlib import Path
+from typing import Protocol
 
-from nmt_cli.engines.translate import TranslatedHypothesis, Translation, Translator
-from nmt_cli.errors import NmtError
+from nmt_cli.config import DecodeConfig
+from nmt_cli.cpu_decode.memory import Releaser
+from nmt_cli.engines.translate.chunks import read_chunks
+from nmt_cli.engines.translate.translator import TranslatedHypothesis, Translation, Translator
+from nmt_cli.outputs import check_output_path, open_output
+from nmt_cli.text_io import (
+    LineDecoder,
+    StreamDecoder,
+    check_readable,
+    display_name,
+    open_binary,
+    raw_lines,
+)
 
 
 @dataclass
@@ -40,69 +53,6 @@ class TranslateStats:
         return self.target_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def decode_line(raw: bytes) -> str:
-    """Bytes of one input line -> text; invalid UTF-8 becomes U+FFFD, never an error."""
-    if raw.endswith(b"\n"):
-        raw = raw[:-1]
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
-    return raw.decode("utf-8", errors="replace")
-
-
-def read_chunks(
-    stream: BinaryIO,
-    max_lines: int,
-    wait_s: float = 0.002,
-    decode: Callable[[bytes], str] = decode_line,
-    name: str = "the input",
-) -> Iterator[list[str]]:
-    """Chunks of lines as they become available, at most `max_lines` each.
-
-    A reader thread feeds a bounded queue. A chunk starts with the next line (waiting for
-    it as long as needed), then takes what else arrives within `wait_s`, then whatever is
-    already queued: a person typing or a program sending one line at a time gets each
-    line translated at once, a file or a fast pipe fills whole chunks (lines that arrive
-    while a chunk is translated queue up for the next), and at most about two chunks of
-    text are ever held. `wait_s` is short because it is paid on every line a server
-    sends: 50 ms here doubled the answer time of a one-line request (~45 ms at batch 1). `decode`
-    turns each raw line into text, in input order (the CLI passes the shared text policy
-    of `nmt_cli/text_io.py`, which names the file and line of bytes that are not text).
-    """
-    lines: queue.Queue[bytes | None] = queue.Queue(maxsize=max_lines)
-    failure: list[BaseException] = []
-
-    def reader() -> None:
-        try:
-            for raw in iter(stream.readline, b""):
-                lines.put(raw)
-        except BaseException as exc:  # reported by the consumer, not lost in the thread
-            failure.append(exc)
-        finally:
-            lines.put(None)
-
-    threading.Thread(target=reader, name="nmt-read-ahead", daemon=True).start()
-    ended = False
-    while not ended:
-        item = lines.get()
-        if item is None:
-            break
-        chunk = [decode(item)]
-        deadline = time.monotonic() + wait_s
-        while len(chunk) < max_lines:
-            left = deadline - time.monotonic()
-            try:
-                item = lines.get(timeout=left) if left > 0 else lines.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                ended = True
-                break
-            chunk.append(decode(item))
-        yield chunk
-    if failure:
-        raise NmtError(f"{name}: reading failed ({failure[0]}); is the file truncated?")
-
-
 def translate_stream(
     translator: Translator,
     chunks: Iterable[list[str]],
@@ -114,7 +64,7 @@ def translate_stream(
     start = time.perf_counter()
     for chunk in chunks:
         t0 = time.perf_counter()
-        results = translator.translate(chunk)
+        results = translator.translate_chunk(chunk)
         seconds = time.perf_counter() - t0
         stats.decode_seconds += seconds
         for n, result in enumerate(results, start=stats.lines + 1):
@@ -182,3 +132,91 @@ def format_translations(
             out.append(result.text)
     text = "".join(line + "\n" for line in out)
     return text.encode("utf-8", errors="replace")
+
+
+class Progress(Protocol):
+    def advance(self, n: int = 1) -> None: ...
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """What `translate_file` did, for the command to tell."""
+
+    stats: TranslateStats
+    translator: Translator  # closed; what it decoded with (precision, device, ...)
+    replaced: str  # the text policy's warning about bytes that were not text, or ""
+
+    def warnings(self) -> list[str]:
+        """Replaced bytes, then truncated lines."""
+        stats, out = self.stats, [self.replaced] if self.replaced else []
+        if stats.truncated:
+            lines = ", ".join(map(str, stats.truncated_lines))
+            out.append(
+                f"{stats.truncated} input line(s) longer than {self.translator.max_source} "
+                f"subword tokens were truncated (lines {lines}"
+                f"{', ...' if stats.truncated > len(stats.truncated_lines) else ''})"
+            )
+        return out
+
+    def summary(self) -> str:
+        stats, t = self.stats, self.translator
+        return (
+            f"translated {stats.lines:,} lines in {stats.seconds:.2f}s "
+            f"({stats.sentences_per_second:.1f} sent/s, {stats.tokens_per_second:.0f} tok/s; "
+            f"beam {t.cfg.beam_size}, {t.precision}, {t.device}, {t.threads} threads, "
+            f"{t.workers} batches at once)"
+        )
+
+
+def translate_file(
+    models: Sequence[Path],
+    cfg: DecodeConfig,
+    input: Path | None = None,
+    output: Path | None = None,
+    *,
+    as_json: bool = False,
+    alignment_layer: int | None = None,
+    on_bad_utf8: str = "error",
+    on_compile: Callable[[], None] = lambda: None,
+    on_fallback: Callable[[str], None] | None = None,
+    progress: Callable[[int | None], AbstractContextManager[Progress]] | None = None,
+) -> FileReport:
+    """Translate `input` (None or `-`: stdin) into `output` (None or `-`: stdout), one line
+    per line, as `nmt translate` does.
+
+    Input and output are checked before the model is loaded. `alignment_layer` asks for
+    word alignments (0: the default layer; None: none). `progress(total lines or None)`
+    gives what is told of every chunk written. A regular output file is replaced only when
+    every line is written; freed heap pages go back to the system after each chunk.
+    """
+    decoder = StreamDecoder(display_name(input or "-"), LineDecoder(on_bad_utf8))
+    if input is not None:
+        check_readable(input)
+    check_output_path(output, inputs=[*models, input])
+    translator = Translator.load(models, cfg, alignment_layer, on_compile, on_fallback)
+    total = _line_count(input) if progress else None
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(contextlib.closing(open_binary(input or "-")))
+        sink = stack.enter_context(open_output(output))
+        shown = stack.enter_context(progress(total)) if progress else None
+        releaser = Releaser()
+        alignment = alignment_layer is not None
+
+        def emit(results: list[Translation], first: int, seconds: float) -> None:
+            sink.write(format_translations(results, first, seconds, cfg.nbest, as_json, alignment))
+            sink.flush()  # a line-at-a-time user is answered before the next line
+            if shown is not None:
+                shown.advance(len(results))
+            releaser.after_chunk()  # what the chunk freed goes back to the system
+
+        chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
+        stack.enter_context(translator)  # stops its workers, waiting only after a clean end
+        stats = translate_stream(translator, chunks, emit)
+    return FileReport(stats, translator, decoder.decoder.warning())
+
+
+def _line_count(path: Path | None) -> int | None:
+    """Lines of a regular input file, for a progress bar (a pipe can be read once only)."""
+    if path is None or str(path) == "-" or not stat.S_ISREG(path.stat().st_mode):
+        return None
+    return sum(1 for _ in raw_lines(path))

@@ -1,8 +1,13 @@
-"""`nmt translate`: raw text in, detokenized translations out, one line per line.
+"""`Translator`: a model (or an ensemble) and its vocabularies, translating lines.
 
-A `Translator` takes a chunk of lines (see `translate_stream.py` for how chunks are read
-and written): sentences are sorted by length into batches (little padding), decoded with
-batched beam search, and put back in input order. Empty lines give empty lines without
+The one class that decodes text: `nmt translate` (through `stream.translate_file`),
+`nmt attention` (`attention.record_attention`), `nmt run` (`translate_lines`), training's
+validation BLEU and attention pictures, and the Python API (`from nmt_cli import
+Translator`).
+
+Lines go in chunks (`chunks.py`); in a chunk, sentences are sorted by length into batches
+(little padding), decoded with batched beam search (several batches side by side on a
+CPU: `workers.py`), and put back in input order. Empty lines give empty lines without
 touching the model; inputs longer than the model's positions are truncated and counted,
 never dropped.
 """
@@ -11,32 +16,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from nmt_cli.config import CPU_BATCH_SENTENCES, GPU_BATCH_SENTENCES, DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint
-
-from nmt_cli.core.cpus import usable_cpus
-from nmt_cli.core.ensemble import Ensemble
+from nmt_cli.core.ensemble import Ensemble, Member
 from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
-from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
-from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.search import Hypothesis, Searchable, beam_search, greedy_search
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.engines.alignment import format_alignment, hard_alignment
-from nmt_cli.engines.attention_views import (
+from nmt_cli.engines.models import ModelPaths, beam_advance, build_decoder, load_checkpoints
+from nmt_cli.engines.translate.alignment import format_alignment, hard_alignment
+from nmt_cli.engines.translate.chunks import chunked
+from nmt_cli.engines.translate.loading import (
+    decode_config,
+    resolve_device,
+    set_threads,
+    warn_fallback,
+)
+from nmt_cli.engines.translate.views import (
     CrossAttentionOf,
     SourceAttention,
     check_layer,
     decoder_layers,
     default_layer,
 )
-from nmt_cli.engines.decode_workers import DecodePool
-from nmt_cli.engines.models import ModelPaths, beam_advance, build_decoder, load_checkpoints
-from nmt_cli.errors import NmtError, UsageError
+from nmt_cli.engines.translate.workers import DecodePool
 
 
 @dataclass(frozen=True)
@@ -60,55 +69,86 @@ class Translation:
         return self.hypotheses[0].text if self.hypotheses else ""
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"--device {name!r}: not a device (use cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise NmtError(f"--device {name}: no CUDA device is available; use --device cpu")
-    return device
-
-
 class Translator:
-    """A model (or an ensemble) and its vocabularies, ready to translate chunks of lines.
+    """One checkpoint, or an ensemble of several, with its vocabularies and decoding settings.
 
     With `alignment_layer` (1-based; 0: the default layer), every hypothesis also gets
     its word alignment from that decoder layer's cross-attention, averaged over heads (and
     over an ensemble's members), recorded by the search that produced it (beam 1 then runs
     as a one-beam beam search, the same output as greedy). `translate(..., attention=True)`
-    records the same way: that layer, or the default one (attention_views.default_layer).
+    records the same way: that layer, or the default one (views.default_layer).
+    The model is what search decodes: one model (a Transformer, or a backend's wrapper of
+    one) or an ensemble (core.ensemble), a torch module either way.
     """
 
     def __init__(
         self,
-        model: Transformer | Ensemble,
+        model: Member | Ensemble,
         vocab: VocabPair,
         cfg: DecodeConfig,
         workers: int = 1,
         alignment_layer: int | None = None,
         precision: DecodePrecision | None = None,
+        threads: int | None = None,
     ) -> None:
         self.model, self.vocab, self.cfg = model, vocab, cfg
         # What the model computes in, for reports: its dtype unless built as int8.
         self.precision = precision or str(self.dtype).removeprefix("torch.")
         self.max_source = model.max_positions - 1  # room for the source's EOS
-        self.device = next(model.parameters()).device
+        self.device = _weight(model).device
         on_cpu = self.device.type == "cpu"
         self.workers = workers if on_cpu else 1
+        self.threads = threads if threads is not None else torch.get_num_threads()
         self.batch_sentences = cfg.batch_sentences or (
             CPU_BATCH_SENTENCES if on_cpu else GPU_BATCH_SENTENCES
         )
         self._pool: DecodePool | None = None
-        self.advance = beam_advance(model)  # beam search's, compiled with the step
+        self.advance = beam_advance(cast(nn.Module, model))  # search's, with the step
         self.aligner: CrossAttentionOf | None = None
         if alignment_layer is not None:
             layers = decoder_layers(model)
             wanted = alignment_layer or default_layer(layers)
             layer = check_layer(wanted, layers, "--alignment-layer", "decoder")
             self.aligner = CrossAttentionOf(model, layer)
+
+    @classmethod
+    def load(
+        cls,
+        models: ModelPaths,
+        config: DecodeConfig | None = None,
+        alignment_layer: int | None = None,
+        on_compile: Callable[[], None] = lambda: None,
+        on_fallback: Callable[[str], None] | None = None,
+        **options: Any,
+    ) -> Translator:
+        """Load `models` (one path, or several to average at every step as an ensemble).
+
+        `options` are DecodeConfig fields and override `config`: beam_size, length_penalty,
+        max_len_a, max_len_b, nbest, batch_sentences, batch_tokens, precision ("auto",
+        "fp32", "bf16", "fp16", "int8"), device, threads, workers, buffer_lines. Sets torch's
+        CPU thread count the way `nmt translate` does (see loading.set_threads).
+        `alignment_layer` (1-based; 0: the penultimate) gives every hypothesis its word
+        alignment, as `nmt translate --alignment`.
+        On a CPU the decoder step is compiled C++ unless `compiled_step=False`: the first
+        load on a machine builds it (about 30 s; `on_compile` is called before), and where
+        it cannot be built `on_fallback` gets the reason (default: a warning) and decoding
+        stays in Python (the same fp32 results; bf16 and int8, without the module's kernels,
+        may differ in a few lines).
+        Raises NmtError for an unusable checkpoint or models that cannot be ensembled.
+        """
+        cfg = decode_config(config, options)
+        threads, workers = set_threads(cfg.threads, cfg.workers)
+        ckpts, names = load_checkpoints(models)
+        return cls.from_checkpoint(
+            ckpts,
+            cfg,
+            workers,
+            alignment_layer,
+            names,
+            on_compile,
+            on_fallback or warn_fallback,
+            threads,
+        )
 
     @classmethod
     def from_checkpoint(
@@ -120,6 +160,7 @@ class Translator:
         names: Sequence[str] | None = None,
         on_compile: Callable[[], None] = lambda: None,
         on_fallback: Callable[[str], None] = lambda reason: None,
+        threads: int | None = None,
     ) -> Translator:
         """Build the model (several checkpoints: their ensemble) on the configured device
         in the configured precision (log-softmax stays in float32 inside the model).
@@ -131,45 +172,50 @@ class Translator:
         model, vocab = build_decoder(
             ckpts, names, device, precision, cfg.compiled_step, on_compile, on_fallback
         )
-        return cls(model, vocab, cfg, workers, alignment_layer, precision)
+        return cls(model, vocab, cfg, workers, alignment_layer, precision, threads)
 
-    @classmethod
-    def load(
-        cls,
-        paths: ModelPaths,
-        cfg: DecodeConfig,
-        workers: int = 1,
-        alignment_layer: int | None = None,
-        on_compile: Callable[[], None] = lambda: None,
-        on_fallback: Callable[[str], None] = lambda reason: None,
-    ) -> Translator:
-        """One checkpoint file, or several to decode as an ensemble."""
-        ckpts, names = load_checkpoints(paths)
-        return cls.from_checkpoint(
-            ckpts, cfg, workers, alignment_layer, names, on_compile, on_fallback
-        )
+    @property
+    def config(self) -> DecodeConfig:
+        return self.cfg
 
-    def _workers(self) -> DecodePool:
-        """The pool that decodes `workers` batches at once, made on first use (forked
-        worker processes, which then share the model built so far: decode_workers.py)."""
-        if self._pool is None:
-            self._pool = DecodePool(self, self.workers)
-        return self._pool
+    @property
+    def dtype(self) -> torch.dtype:
+        return _weight(self.model).dtype
 
     def close(self, wait: bool = True) -> None:
-        """Stop the worker processes or threads, if any were started; `wait=False` after
-        an interruption (see DecodePool.close)."""
+        """Stop the decoding workers (processes on Linux) started for multi-batch inputs;
+        also done on garbage collection and at exit, and by `with Translator.load(...)`.
+        `wait=False` (after an interruption) does not wait for the batches they are in."""
         if self._pool is not None:
             self._pool.close(wait)
             self._pool = None
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+    def __enter__(self) -> Translator:
+        return self
 
-    def translate(self, lines: Sequence[str], attention: bool = False) -> list[Translation]:
-        """Translate `lines`, keeping their order; with `attention`, every hypothesis
-        carries its source attention, recorded by the search that produced it."""
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(wait=exc_type is None)
+
+    def translate(self, texts: str | Iterable[str], attention: bool = False) -> list[Translation]:
+        """Translations of `texts` in their order (a single string counts as one text).
+
+        Each Translation has `.text` (the best), `.hypotheses` (the nbest, best first, with
+        score, log_prob, length and, with `attention=True`, their source attention: one
+        decoder layer's cross-attention averaged over heads, recorded by the search) and
+        `.truncated`. Reads an iterator in chunks of `buffer_lines`, like the command.
+        """
+        return list(self.translate_iter(texts, attention))
+
+    def translate_iter(
+        self, texts: str | Iterable[str], attention: bool = False
+    ) -> Iterator[Translation]:
+        """Like `translate`, but yields results chunk by chunk, in bounded memory."""
+        lines = [texts] if isinstance(texts, str) else texts
+        for chunk in chunked(lines, self.cfg.buffer_lines):
+            yield from self.translate_chunk(chunk, attention)
+
+    def translate_chunk(self, lines: Sequence[str], attention: bool = False) -> list[Translation]:
+        """One chunk: `lines` sorted by length into batches together, results in their order."""
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
         ids = [x[: self.max_source] for x in ids]
@@ -203,7 +249,40 @@ class Translator:
         view = self.aligner
         if attention and view is None:
             view = CrossAttentionOf(self.model, default_layer(decoder_layers(self.model)) - 1)
-        return self._search(self.source_tensor(rows), view)
+        return self.search(self.source_tensor(rows), view)
+
+    def search(
+        self, src: Tensor, view: Searchable | None = None, nbest: int | None = None
+    ) -> list[list[Hypothesis]]:
+        """Search as configured over a (B, width) source tensor. Without a view, the plain
+        search (greedy at beam 1); with one (views.py), beam search recording its weights."""
+        cfg = self.cfg
+        if cfg.beam_size == 1 and view is None:
+            return greedy_search(self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty)
+        return beam_search(
+            self.model if view is None else view,
+            src,
+            beam_size=cfg.beam_size,
+            length_penalty=cfg.length_penalty,
+            max_len_a=cfg.max_len_a,
+            max_len_b=cfg.max_len_b,
+            nbest=cfg.nbest if nbest is None else nbest,
+            need_weights=view is not None,
+            advance=self.advance,
+        )
+
+    def source_tensor(self, rows: list[list[int]]) -> Tensor:
+        """Source ids -> (B, width) ids + EOS, right-padded, on the model's device."""
+        # Widths in steps of 8 (masked padding): few distinct shapes for oneDNN to build
+        # kernels for, as with the batch sizes in search.batch_bucket.
+        return pad_sources(rows, multiple=8).to(self.device)
+
+    def _workers(self) -> DecodePool:
+        """The pool that decodes `workers` batches at once, made on first use (forked
+        worker processes, which then share the model built so far: workers.py)."""
+        if self._pool is None:
+            self._pool = DecodePool(self, self.workers)
+        return self._pool
 
     def _batches(self, order: list[int], ids: list[list[int]]) -> Iterator[list[int]]:
         """Consecutive runs of the length-sorted sentences, capped in sentences and, when
@@ -223,29 +302,6 @@ class Translator:
             longest = width
         if batch:
             yield batch
-
-    def source_tensor(self, rows: list[list[int]]) -> Tensor:
-        """Source ids -> (B, width) ids + EOS, right-padded, on the model's device."""
-        # Widths in steps of 8 (masked padding): few distinct shapes for oneDNN to build
-        # kernels for, as with the batch sizes in search.batch_bucket.
-        return pad_sources(rows, multiple=8).to(self.device)
-
-    def _search(self, src: Tensor, view: CrossAttentionOf | None = None) -> list[list[Hypothesis]]:
-        """Without a view, the plain search; with one, beam search recording its weights."""
-        cfg = self.cfg
-        if cfg.beam_size == 1 and view is None:
-            return greedy_search(self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty)
-        return beam_search(
-            self.model if view is None else view,
-            src,
-            beam_size=cfg.beam_size,
-            length_penalty=cfg.length_penalty,
-            max_len_a=cfg.max_len_a,
-            max_len_b=cfg.max_len_b,
-            nbest=cfg.nbest,
-            need_weights=view is not None,
-            advance=self.advance,
-        )
 
     def _detok(
         self, hyp: Hypothesis, src_ids: list[int], attention: bool = False
@@ -269,59 +325,17 @@ class Translator:
         )
 
 
+def _weight(model: Member | Ensemble) -> Tensor:
+    """A weight of the model, for its device and dtype."""
+    return next(cast(nn.Module, model).parameters())
+
+
 def translate_lines(
-    model: Transformer | Checkpoint,
-    lines: Iterable[str],
-    cfg: DecodeConfig | None = None,
-    vocab: VocabPair | None = None,
-    workers: int = 1,
+    ckpt: Checkpoint, lines: Iterable[str], cfg: DecodeConfig | None = None, workers: int = 1
 ) -> list[str]:
-    """Best translations of `lines`, detokenized, in input order.
-
-    With a Checkpoint, the model is built as `nmt translate` builds it (device, precision).
-    With a live model (validation BLEU during training) it is used as it is, on its own
-    device and dtype, in eval mode for the call and restored afterwards. `workers` batches
-    are decoded at once on a CPU: call `set_threads(cfg.threads, cfg.workers)` first and
-    pass the workers it returns for the layout `nmt translate` uses.
-    """
-    cfg = cfg or DecodeConfig()
-    if isinstance(model, Checkpoint):
-        translator = Translator.from_checkpoint(model, cfg, workers)
-        was_training = False
-    else:
-        if vocab is None:
-            raise ValueError("translate_lines needs the VocabPair with a bare model")
-        translator = Translator(model, vocab, cfg, workers)
-        was_training = model.training
-        model.eval()
-    out: list[str] = []
-    try:
-        chunk: list[str] = []
-        for line in lines:
-            chunk.append(line)
-            if len(chunk) >= cfg.buffer_lines:
-                out.extend(t.text for t in translator.translate(chunk))
-                chunk = []
-        if chunk:
-            out.extend(t.text for t in translator.translate(chunk))
-    finally:
-        translator.close()
-        if was_training and not isinstance(model, Checkpoint):
-            model.train()
-    return out
-
-
-def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
-    """Spend `threads` CPU threads (0 = every CPU this process may use, within its affinity
-    mask and cgroup quota: see core/cpus.py) on `workers`
-    batches decoded side by side (0 = one per thread); returns (threads, workers).
-
-    Beam search runs many small matrix products, and on small or shared CPUs splitting
-    each of them over several cores costs more in synchronisation than it gains (2 threads
-    on one batch were several times slower than 1 on the 2-core benchmark machine), so by
-    default every thread decodes its own batch with single-threaded operations.
-    """
-    n = threads if threads > 0 else usable_cpus()
-    w = max(1, min(workers or n, n))
-    torch.set_num_threads(max(1, n // w))
-    return n, w
+    """Best translations of `lines`, detokenized, in input order, with the model built as
+    `nmt translate` builds it (device, precision). `workers` batches are decoded at once
+    on a CPU: call `set_threads(cfg.threads, cfg.workers)` first and pass the workers it
+    returns for the layout `nmt translate` uses."""
+    with Translator.from_checkpoint(ckpt, cfg or DecodeConfig(), workers) as translator:
+        return [t.text for t in translator.translate_iter(lines)]

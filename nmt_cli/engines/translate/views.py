@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from nmt_cli.core.ensemble import Ensemble, members
-from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.ensemble import Ensemble, Member, members
 from nmt_cli.errors import NmtError
 
 EOS = "</s>"
@@ -40,10 +39,11 @@ def check_layer(layer: int, layers: int, option: str, stack: str) -> int:
     return layer - 1
 
 
-def decoder_layers(model: Transformer | Ensemble) -> int:
+def decoder_layers(model: Member | Ensemble) -> int:
     """The decoder layers whose attention can be recorded: an ensemble's members average
-    theirs, so they must agree on the decoder's layers and heads."""
-    shapes = {(len(m.decoder), m.cfg.n_heads) for m in members(model)}
+    theirs, so they must agree on the decoder's layers and heads (read from each model's
+    configuration, whatever decodes it)."""
+    shapes = {(m.cfg.decoder_layers, m.cfg.n_heads) for m in members(model)}
     if len(shapes) > 1:
         raise NmtError(
             "attention of an ensemble averages its members' weights: the members must have "
@@ -103,7 +103,7 @@ class _View:
         return lprobs, None if weights is None else self.keep(weights)
 
     def keep(self, weights: list[Tensor]) -> list[Tensor]:
-        """What search records of one step's weights (see Transformer.decode_step)."""
+        """What search records of one step's weights (see core.search.Searchable)."""
         return weights
 
 
@@ -111,9 +111,9 @@ class EveryAttention(_View):
     """Records the encoder's self-attention of the batch (here, after `encode`) and lets
     search record every decoder layer's self- and cross-attention of every step."""
 
-    model: Transformer
+    model: Member
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Member) -> None:
         super().__init__(model)
         self.encoder: list[Tensor] = []  # one (B, h, S, S) per encoder layer
 
@@ -126,7 +126,7 @@ class CrossAttentionOf(_View):
     """Lets search record one decoder layer's cross-attention, averaged over heads:
     one (rows, S) tensor per step. An ensemble's weights are its members' mean."""
 
-    def __init__(self, model: Transformer | Ensemble, layer: int) -> None:
+    def __init__(self, model: Member | Ensemble, layer: int) -> None:
         super().__init__(model)
         self.index = decoder_layers(model) + layer  # decode_step lists self-attention first
 

@@ -26,29 +26,32 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from nmt_cli.cpu_decode.memory import Releaser
 from nmt_cli.core.search import Hypothesis
+from nmt_cli.cpu_decode.memory import Releaser
 from nmt_cli.errors import NmtError
-
-if TYPE_CHECKING:
-    from nmt_cli.engines.translate import Translator
 
 Rows = list[list[int]]  # one batch: the source token ids of its sentences
 Decoded = list[list[Hypothesis]]  # per sentence of a batch, its hypotheses
 
 
+class RowDecoder(Protocol):
+    """What the workers decode with: a Translator (translator.py), which makes the pool."""
+
+    def decode_rows(self, rows: Rows, attention: bool = False) -> Decoded: ...
+
+
 class _Worker:
     """What a worker process decodes with: the translator it was forked with."""
 
-    translator: Translator | None = None
+    translator: RowDecoder | None = None
     releaser: Releaser | None = None
 
 
-def _adopt(translator: Translator) -> None:
+def _adopt(translator: RowDecoder) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     _Worker.translator, _Worker.releaser = translator, Releaser()
@@ -78,7 +81,7 @@ class DecodePool:
     (One pool, not one per chunk: a thread pool per chunk made glibc give each new thread
     its own malloc arena, and resident memory grew with the input.)"""
 
-    def __init__(self, translator: Translator, workers: int) -> None:
+    def __init__(self, translator: RowDecoder, workers: int) -> None:
         self.translator = translator
         self.processes = forks()
         self.executor: Executor
