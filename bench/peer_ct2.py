@@ -46,7 +46,7 @@ def export(model: Path, out_dir: Path, quantization: str) -> str:
 
 def length_sorted_batches(lengths: list[int], batch: int) -> list[list[int]]:
     """Indices of the non-empty sentences, longest first, in runs of `batch`: the batches
-    nmt's Translator cuts from one chunk (engines/translate.py, `_batches`)."""
+    nmt's Translator cuts from one chunk (engines/translate/translator.py, `_batches`)."""
     order = sorted((i for i, n in enumerate(lengths) if n), key=lambda i: -lengths[i])
     return [order[lo : lo + batch] for lo in range(0, len(order), batch)]
 

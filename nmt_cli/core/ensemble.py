@@ -117,7 +117,7 @@ class Ensemble(nn.Module):
 
         With `need_weights`, also the members' mean attention weights, tensor by tensor
         (Transformer.decode_step's list; the members must share decoder layers and heads,
-        which engines/attention_views.decoder_layers checks before recording)."""
+        which engines/translate/views.decoder_layers checks before recording)."""
         total: Tensor | None = None
         weights: list[Tensor] | None = None
         for model, mem, member_cache in zip(self.models(), memory, cache.members, strict=True):

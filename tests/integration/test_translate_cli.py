@@ -30,7 +30,7 @@ from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.eval_mode import evaluating
 from nmt_cli.engines.translate.chunks import read_chunks
 from nmt_cli.engines.translate.loading import set_threads
-from nmt_cli.engines.translate.translator import Translator, translate_lines
+from nmt_cli.engines.translate.translator import Translator, length_batches, translate_lines
 from nmt_cli.engines.translate.workers import forks
 from nmt_cli.errors import NmtError
 
@@ -204,10 +204,13 @@ def test_batch_size_defaults_to_64_sentences_on_a_cpu(copier: Path) -> None:
     ckpt = load_checkpoint(copier)
     auto = Translator.from_checkpoint(ckpt, DecodeConfig(precision="fp32"))
     assert auto.batch_sentences == 64
-    sizes = [len(b) for b in auto._batches(list(range(150)), [[5]] * 150)]
+    sizes = [len(b) for b in length_batches(list(range(150)), [[5]] * 150, auto.batch_sentences)]
     assert sizes == [64, 64, 22]
     given = Translator.from_checkpoint(ckpt, DecodeConfig(precision="fp32", batch_sentences=100))
-    assert [len(b) for b in given._batches(list(range(150)), [[5]] * 150)] == [100, 50]
+    assert given.batch_sentences == 100
+    assert [len(b) for b in length_batches(list(range(150)), [[5]] * 150, 100)] == [100, 50]
+    # and in padded tokens: 6 tokens a sentence (EOS included), at most 20 a batch
+    assert [len(b) for b in length_batches(list(range(7)), [[5] * 5] * 7, 64, 20)] == [3, 3, 1]
 
 
 @pytest.mark.usefixtures("one_thread")  # one thread per worker: processes where possible

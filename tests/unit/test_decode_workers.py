@@ -17,8 +17,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # workers are processes at o
 
 
 class Echo:
-    """Stands in for a Translator (a workers.RowDecoder): 'decodes' each row into its own tokens, and reports
-    which process did it."""
+    """Stands in for a Translator (a workers.RowDecoder): 'decodes' each row into its own
+    tokens, and reports which process did it."""
 
     def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
         return [[Hypothesis(row, float(os.getpid()), float(attention))] for row in rows]

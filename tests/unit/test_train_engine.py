@@ -89,12 +89,27 @@ def greedy_dev_bleu(ckpt: Checkpoint, recipe: RecipeConfig, n: int) -> float:
     return float(sacrebleu.corpus_bleu(hyps, [[t for _, t in dev]]).score)
 
 
-def test_checkpoints_rotation_metrics_and_schedule(data: Path, tmp_path: Path) -> None:
+def test_checkpoints_rotation_metrics_and_schedule(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     recipe = tiny_recipe(
         data, tmp_path / "run", save_interval_steps=2, max_steps=7, validate_bleu_sentences=5
     )
+    # A model this young writes empty lines (BLEU 0 whatever it is scored against), so
+    # what each validation scores is recorded too: the first 5 dev lines, raw.
+    scored: list[tuple[list[str], list[list[str]]]] = []
+    corpus_bleu = sacrebleu.corpus_bleu
+
+    def recording(hyps: list[str], refs: list[list[str]], **kw: object) -> object:
+        scored.append((list(hyps), [list(r) for r in refs]))
+        return corpus_bleu(hyps, refs, **kw)
+
+    monkeypatch.setattr(sacrebleu, "corpus_bleu", recording)
     events: list[TrainEvent] = []
     result = train(recipe, on_event=events.append)
+    monkeypatch.undo()
+    raw_dev = [tgt for _, tgt in pairs(12, seed=2)[:5]]
+    assert [(len(hyps), refs) for hyps, refs in scored] == [(5, [raw_dev])] * 4  # steps 2-7
     run = RunDir(tmp_path / "run")
     assert result.steps == 7 and result.stopped_by == "max_steps"
     # keep_last = 2 of the step checkpoints 2, 4, 6, 7 (the final one)

@@ -221,7 +221,7 @@ class Translator:
         ids = [x[: self.max_source] for x in ids]
         hyps: list[list[Hypothesis]] = [[] for _ in lines]
         order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
-        batches = list(self._batches(order, ids))
+        batches = list(length_batches(order, ids, self.batch_sentences, self.cfg.batch_tokens))
 
         rows = [[ids[i] for i in batch] for batch in batches]
         if self.workers > 1 and len(batches) > 1:
@@ -236,7 +236,10 @@ class Translator:
         return [
             Translation(
                 source=line,
-                hypotheses=[self._detok(h, ids[i], attention) for h in hyps[i]],
+                hypotheses=[
+                    _result(h, ids[i], self.vocab, self.aligner is not None, attention)
+                    for h in hyps[i]
+                ],
                 truncated=truncated[i],
             )
             for i, line in enumerate(lines)
@@ -284,45 +287,46 @@ class Translator:
             self._pool = DecodePool(self, self.workers)
         return self._pool
 
-    def _batches(self, order: list[int], ids: list[list[int]]) -> Iterator[list[int]]:
-        """Consecutive runs of the length-sorted sentences, capped in sentences and, when
-        batch_tokens is set, in padded source tokens."""
-        cfg = self.cfg
-        batch: list[int] = []
-        longest = 0
-        for i in order:
-            length = len(ids[i]) + 1
-            width = max(longest, length)
-            too_many = len(batch) >= self.batch_sentences
-            too_big = cfg.batch_tokens > 0 and width * (len(batch) + 1) > cfg.batch_tokens
-            if batch and (too_many or too_big):
-                yield batch
-                batch, width = [], length
-            batch.append(i)
-            longest = width
-        if batch:
-            yield batch
 
-    def _detok(
-        self, hyp: Hypothesis, src_ids: list[int], attention: bool = False
-    ) -> TranslatedHypothesis:
-        text = self.vocab.tgt.decode(hyp.tokens)
-        # One output line per input line, whatever the vocabulary can produce.
-        text = " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
-        alignment, source_attention = None, None
-        if hyp.attention is not None:
-            cross = np.stack([step[0].float().cpu().numpy() for step in hyp.attention])
-            src_pieces, tgt_pieces = (
-                self.vocab.src.pieces(src_ids),
-                self.vocab.tgt.pieces(hyp.tokens),
-            )
-            if self.aligner is not None:
-                alignment = format_alignment(hard_alignment(cross, src_pieces, tgt_pieces))
-            if attention:
-                source_attention = SourceAttention.of(cross, src_pieces, tgt_pieces)
-        return TranslatedHypothesis(
-            text, hyp.score, hyp.log_prob, len(hyp.tokens), alignment, source_attention
-        )
+def length_batches(
+    order: list[int], ids: list[list[int]], sentences: int, tokens: int = 0
+) -> Iterator[list[int]]:
+    """Consecutive runs of the length-sorted sentences `order`, capped at `sentences` and,
+    when `tokens` is set, at that many padded source tokens (EOS included)."""
+    batch: list[int] = []
+    longest = 0
+    for i in order:
+        length = len(ids[i]) + 1
+        width = max(longest, length)
+        too_many = len(batch) >= sentences
+        too_big = tokens > 0 and width * (len(batch) + 1) > tokens
+        if batch and (too_many or too_big):
+            yield batch
+            batch, width = [], length
+        batch.append(i)
+        longest = width
+    if batch:
+        yield batch
+
+
+def _result(
+    hyp: Hypothesis, src_ids: list[int], vocab: VocabPair, align: bool, attention: bool
+) -> TranslatedHypothesis:
+    """A hypothesis as text, with its alignment and source attention when asked for."""
+    text = vocab.tgt.decode(hyp.tokens)
+    # One output line per input line, whatever the vocabulary can produce.
+    text = " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
+    alignment, source_attention = None, None
+    if hyp.attention is not None:
+        cross = np.stack([step[0].float().cpu().numpy() for step in hyp.attention])
+        src_pieces, tgt_pieces = vocab.src.pieces(src_ids), vocab.tgt.pieces(hyp.tokens)
+        if align:
+            alignment = format_alignment(hard_alignment(cross, src_pieces, tgt_pieces))
+        if attention:
+            source_attention = SourceAttention.of(cross, src_pieces, tgt_pieces)
+    return TranslatedHypothesis(
+        text, hyp.score, hyp.log_prob, len(hyp.tokens), alignment, source_attention
+    )
 
 
 def _weight(model: Member | Ensemble) -> Tensor:
