@@ -47,7 +47,7 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(
-                    package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
+                    [*package.split(".")[: len(package.split(".")) - node.level + 1], base]
                 ).strip(".")
             names = [base] + [f"{base}.{alias.name}" for alias in node.names]
         for name in names:
@@ -70,7 +70,7 @@ def test_no_module_imports_itself_back() -> None:
         state[node] = 1
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                cycles.append(stack[stack.index(dep) :] + [dep])
+                cycles.append([*stack[stack.index(dep) :], dep])
             elif dep not in state:
                 visit(dep, [*stack, dep])
         state[node] = 2
