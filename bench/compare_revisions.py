@@ -132,11 +132,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--model", type=Path, help="decoding only: this trained checkpoint")
     parser.add_argument("--source", type=Path, help="decoding only: the text to translate")
-    parser.add_argument("--precisions", default="fp32,bf16,int8")
+    parser.add_argument(
+        "--precisions",
+        help="decoding precisions (default fp32,bf16,int8 with --model, else fp32,bf16)",
+    )
     parser.add_argument("--batch-sizes", default="64,1")
     parser.add_argument("--single", type=int, default=200, help="lines decoded at batch 1")
     args = parser.parse_args()
-    args.precisions = args.precisions.split(",")
+    default = "fp32,bf16,int8" if args.model is not None else "fp32,bf16"
+    args.precisions = (args.precisions or default).split(",")
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if (args.model is None) != (args.source is None):
         sys.exit("--model and --source go together")
@@ -169,7 +173,7 @@ def main() -> None:
 
                     for name, rate in side_by_side(pool, trees, train).items():
                         results[name].setdefault("train tok/s", []).append(rate)
-                    for precision in ("fp32", "bf16"):
+                    for precision in args.precisions:
 
                         def decode(_: str, tree: Path, p: str = precision) -> float:
                             return translate_rate(tree, work, ckpt, test, p, ("--max-len-b", "20"))
