@@ -52,10 +52,11 @@ def run(cmd: list[str], cwd: Path, tree: Path | None = None) -> str:
 NMT = [sys.executable, "-c", "from nmt_cli.cli import main; main()"]
 
 
-def train_rate(tree: Path, work: Path, data: Path, steps: int, tag: str) -> float:
+def train_rate(tree: Path, work: Path, data: Path, steps: int, precision: str, tag: str) -> float:
     run_dir = work / f"run-{tag}"
     settings = [
         f"data.dir={data}",
+        f'train.precision="{precision}"',
         f"train.run_dir={run_dir}",
         f"train.max_steps={steps}",
         "train.max_time_minutes=0",
@@ -130,6 +131,11 @@ def main() -> None:
     parser.add_argument("rev_b")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument(
+        "--train-precision",
+        default="auto",
+        help="training precision (auto: bf16 where the CPU multiplies in it, else fp32)",
+    )
     parser.add_argument("--model", type=Path, help="decoding only: this trained checkpoint")
     parser.add_argument("--source", type=Path, help="decoding only: the text to translate")
     parser.add_argument(
@@ -169,7 +175,9 @@ def main() -> None:
                 for round_ in range(args.rounds):
 
                     def train(name: str, tree: Path, r: int = round_) -> float:
-                        return train_rate(tree, work, data, args.steps, f"{name}{r}")
+                        return train_rate(
+                            tree, work, data, args.steps, args.train_precision, f"{name}{r}"
+                        )
 
                     for name, rate in side_by_side(pool, trees, train).items():
                         results[name].setdefault("train tok/s", []).append(rate)

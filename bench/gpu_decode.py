@@ -2,9 +2,13 @@
 
 Translates a test set with `Translator` (what `nmt translate` runs) on the GPU in the
 precision it chooses there (bf16 on Ampere and later), after a warm-up batch, and prints
-sentences/s and output tokens/s. Batch 1 runs the first `--single` sentences only.
+sentences/s and output tokens/s, at batch 128 (the first `--sentences`, default all), then
+at batch 1 (the first `--single`).
 
     python bench/gpu_decode.py --model runs/m30k/average.pt --input data/m30k/test.src.txt
+
+`--device cpu --python-step --threads 1` runs the same code on a CPU (how
+`GPU_CHECK_DRY=1 bash bench/gpu_check.sh` checks this script).
 """
 
 from __future__ import annotations
@@ -39,8 +43,13 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--input", type=Path, required=True, help="one sentence a line")
     parser.add_argument("--single", type=int, default=200, help="sentences at batch 1")
+    parser.add_argument("--sentences", type=int, default=0, help="at batch 128; 0 = all")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--max-len-b", type=int, default=50, help="max output = |src| + this")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads; 0 = all")
+    parser.add_argument(
+        "--python-step", action="store_true", help="CPU: the Python step, not the C++ one"
+    )
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA GPU visible: GPU decoding speed skipped")
@@ -48,9 +57,15 @@ def main() -> None:
     print("command:", shlex.join(["python", *sys.argv]))
     ckpt = load_checkpoint(args.model)
     lines = args.input.read_text(encoding="utf-8").splitlines()
-    for batch, subset in ((128, lines), (1, lines[: args.single])):
+    bulk = lines[: args.sentences] if args.sentences else lines
+    for batch, subset in ((128, bulk), (1, lines[: args.single])):
         cfg = DecodeConfig(
-            beam_size=4, batch_sentences=batch, device=args.device, max_len_b=args.max_len_b
+            beam_size=4,
+            batch_sentences=batch,
+            device=args.device,
+            max_len_b=args.max_len_b,
+            threads=args.threads,
+            compiled_step=not args.python_step,
         )
         translator = Translator.from_checkpoint(ckpt, cfg)
         sent_s, tok_s = measure(translator, subset)

@@ -112,14 +112,29 @@ class TrainConfig:
     threads: int = 0  # 0 = all cores
     # torch.compile of the model: "auto" = on GPUs (where it pays), off on CPUs.
     compile: bool | Literal["auto"] = "auto"
+    # The rest of what a GPU gets and a CPU does not (engines/train/device_choices.py),
+    # "auto" = by device; set on a CPU, each runs the GPU's path there (the tests do):
+    # the output projection fused into the chunked loss,
+    fused_projection: bool | Literal["auto"] = "auto"
+    # batch widths padded to a multiple of this (auto: 8 on GPUs, 1 on CPUs),
+    shape_multiple: int | Literal["auto"] = "auto"
+    # the next update's batches prepared while the device works on this one.
+    prefetch: bool | Literal["auto"] = "auto"
     # SDPA kernels on GPUs: "auto" = flash / memory-efficient, never cuDNN's per-shape
     # graphs; "flash", "efficient", "cudnn" or "math" to prefer one (core/attention_kernels.py).
     attention_backend: AttentionBackend = "auto"
 
     def __post_init__(self) -> None:
-        if self.compile not in (True, False, "auto"):
+        for name in ("compile", "fused_projection", "prefetch"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or value == "auto"):
+                raise SettingError(f"train.{name}", f"must be true, false or 'auto', got {value!r}")
+        multiple = self.shape_multiple
+        if multiple != "auto" and not (
+            isinstance(multiple, int) and not isinstance(multiple, bool) and 1 <= multiple <= 128
+        ):
             raise SettingError(
-                "train.compile", f"must be true, false or 'auto', got {self.compile!r}"
+                "train.shape_multiple", f"must be 'auto' or 1 to 128, got {multiple!r}"
             )
         one_of("train", self, "attention_backend", ATTENTION_BACKENDS)
         at_least("train", self, 1, "batch_tokens", "warmup_steps", "keep_last")

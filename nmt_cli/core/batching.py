@@ -205,27 +205,20 @@ class Batch:
         """The batch on `device`. To a GPU the copies go through page-locked memory: a
         copy from ordinary memory may wait for the GPU's queue to drain (a hidden host
         sync), one from page-locked memory overlaps with the work already queued."""
-        if torch.device(device).type != "cuda":
-            return Batch(
-                self.src.to(device),
-                self.tgt_in.to(device),
-                self.tgt_out.to(device),
-                self.src_tokens,
-                self.tgt_tokens,
-            )
+        pinned = torch.device(device).type == "cuda"
         return Batch(
-            _to_gpu(self.src, device),
-            _to_gpu(self.tgt_in, device),
-            _to_gpu(self.tgt_out, device),
+            _copy(self.src, device, pinned),
+            _copy(self.tgt_in, device, pinned),
+            _copy(self.tgt_out, device, pinned),
             self.src_tokens,
             self.tgt_tokens,
         )
 
 
-def _to_gpu(t: Tensor, device: torch.device | str) -> Tensor:
-    if t.device.type == "cpu":
-        t = t.pin_memory()
-    return t.to(device, non_blocking=True)
+def _copy(t: Tensor, device: torch.device | str, pinned: bool) -> Tensor:
+    if pinned and t.device.type == "cpu":
+        t = t.pin_memory()  # CUDA only: page-locked memory needs the CUDA runtime
+    return t.to(device, non_blocking=pinned)
 
 
 def pad_sources(rows: Sequence[Sequence[int] | np.ndarray], multiple: int = 1) -> Tensor:

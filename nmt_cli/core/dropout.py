@@ -66,7 +66,10 @@ class Dropout(nn.Dropout):
     """`nn.Dropout` with the cheaper CPU mask, plus `add` for dropout before a residual."""
 
     def _fast(self, x: Tensor) -> bool:
-        return x.device.type == "cpu" and math.prod(x.shape) > 0
+        """The CPU's mask, in eager mode: torch.compile cannot trace its 16-bit view of
+        64-bit words (a graph break at every dropout), so compiled graphs get the GPU's."""
+        cpu = x.device.type == "cpu" and not torch.compiler.is_compiling()
+        return cpu and math.prod(x.shape) > 0
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:

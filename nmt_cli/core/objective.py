@@ -55,6 +55,11 @@ class TrainingObjective(nn.Module):
             else model.forward
         )
 
+    def run_eagerly(self) -> None:
+        """The model's own forward from now on: the fallback when compilation fails."""
+        self._forward = self.model.forward
+        self.compiled = False
+
     def _run(self, src: Tensor, tgt_in: Tensor, project: bool) -> Tensor:
         if not self.compiled:
             return self._forward(src, tgt_in, project=project)

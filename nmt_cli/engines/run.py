@@ -26,15 +26,16 @@ from nmt_cli.core.files import atomic_write_text
 from nmt_cli.core.transformer import count_parameters
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.average import average_checkpoints, select_last
-from nmt_cli.engines.pictures.backend import INSTALL_HINT, plotting_available
+from nmt_cli.engines.pictures.backend import require_plotting
 from nmt_cli.engines.pictures.curves import write_curves
 from nmt_cli.engines.prepare import Progress, prepare, prepare_from_data_config
-from nmt_cli.engines.score import ScoreSettings, mostly_empty, score_lines
+from nmt_cli.engines.score import ScoreSettings, mostly_empty, require_sacremoses, score_lines
 from nmt_cli.engines.train import EventSink, TrainOptions, train
 from nmt_cli.engines.training_log import METRICS, read_run_log
 from nmt_cli.engines.translate.loading import set_threads
 from nmt_cli.engines.translate.translator import translate_lines
 from nmt_cli.errors import Interrupted, NmtError, UsageError
+from nmt_cli.optional import MissingPackage
 from nmt_cli.text_io import read_lines
 
 STAGES = ("prepare", "train", "average", "translate", "score")
@@ -128,6 +129,8 @@ def run_recipe(
     hooks = hooks or RunHooks()
     run_dir = Path(recipe.train.run_dir)
     result = RunResult(recipe.name, str(run_dir), recipe.data.src, recipe.data.tgt)
+    if options.runs("score") and recipe.score.paper_bleu:
+        require_sacremoses()  # before hours of training, not at the last stage
 
     def stage(name: str, work: Callable[[], str]) -> None:
         if not options.runs(name):
@@ -157,8 +160,10 @@ def _plot(run_dir: Path) -> str:
     matplotlib (the run itself succeeded)."""
     if not (run_dir / METRICS).is_file():
         return f"no {METRICS}, no training curves"
-    if not plotting_available():
-        return f"matplotlib is not installed, so no training curves ({INSTALL_HINT})"
+    try:
+        require_plotting()
+    except MissingPackage as exc:
+        return f"no training curves: {exc}"
     written = write_curves([read_run_log(run_dir)], run_dir)
     return "wrote " + ", ".join(p.name for p in written)
 

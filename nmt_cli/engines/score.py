@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
 from typing import Any, Literal
 
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -20,12 +21,18 @@ from sacrebleu.metrics.base import Metric
 from sacrebleu.significance import PairedTest
 
 from nmt_cli.errors import NmtError, UsageError
+from nmt_cli.optional import require
 
 PAPER_LABEL = (
     "tokenized BLEU as in the paper (Moses tokenizer + compound splitting, multi-bleu "
     "style); NOT comparable with sacreBLEU"
 )
 _COMPOUND = re.compile(r"(\S)-(\S)")
+# What does without sacremoses, in `nmt score` and in a recipe (`nmt run`, `nmt sweep`).
+PAPER_AVOID = (
+    "score with sacreBLEU only: nmt score --no-paper, or score.paper_bleu = false in a "
+    "recipe (nmt run --set score.paper_bleu=false)"
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,8 @@ def check_settings(settings: ScoreSettings) -> None:
         raise UsageError(
             f"the paired test needs a positive number of samples, got {settings.samples}"
         )
+    if settings.paper:
+        require_sacremoses()  # uncached, unlike the two below
     if settings.paper and settings.lang not in moses_languages():
         known = ", ".join(sorted(moses_languages()))
         raise UsageError(
@@ -96,12 +105,16 @@ def check_settings(settings: ScoreSettings) -> None:
         )
 
 
+def require_sacremoses(module: str = "sacremoses") -> ModuleType:
+    """sacremoses (or one of its modules), which only the paper's BLEU needs."""
+    return require(module, purpose="the paper's tokenized BLEU", avoid=PAPER_AVOID)
+
+
 @lru_cache(maxsize=1)
 def moses_languages() -> frozenset[str]:
     """Language codes sacremoses has rules for (non-breaking prefixes, or its CJK modes)."""
-    from sacremoses.corpus import NonbreakingPrefixes
-
-    return frozenset(NonbreakingPrefixes().available_langs.values()) | {"ja", "ko"}
+    prefixes = require_sacremoses("sacremoses.corpus").NonbreakingPrefixes()
+    return frozenset(prefixes.available_langs.values()) | {"ja", "ko"}
 
 
 def mostly_empty(lines: Sequence[str], share: float = 0.5) -> int:
@@ -128,9 +141,7 @@ def check_inputs(hyps: Sequence[str], refs: Sequence[Sequence[str]], names: Sequ
 
 @lru_cache(maxsize=4)
 def _moses(lang: str) -> Any:
-    from sacremoses import MosesTokenizer
-
-    return MosesTokenizer(lang=lang)
+    return require_sacremoses().MosesTokenizer(lang=lang)
 
 
 def paper_tokenize(lines: Sequence[str], lang: str) -> list[str]:

@@ -172,8 +172,9 @@ def test_without_matplotlib_images_are_refused_and_html_still_works(
     code, _, err = draw(reverser_unseen, tmp_path, "--format", "png")
     assert code == 1
     assert err.strip().splitlines() == [
-        "error: drawing PNG/SVG pictures needs matplotlib, which is not installed: "
-        "pip install 'nmt-cli[plot]'"
+        "error: matplotlib is not installed, and drawing PNG/SVG pictures needs it: "
+        "pip install 'nmt-cli[plot]' (or pip install matplotlib); "
+        "or pass --format html for the page alone, which needs no matplotlib"
     ]
     code, files, err = draw(reverser_unseen, tmp_path, "--format", "html")
     assert code == 0 and files == [tmp_path / "attention.html"]

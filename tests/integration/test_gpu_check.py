@@ -1,6 +1,7 @@
-"""The GPU check script and its helpers, on a machine without a GPU: the parts that run
-anywhere run, the GPU stages are skipped with a clear message, and the helpers' code
-paths (training variants, decoding speed, run figures) run on the CPU."""
+"""The GPU check script without a GPU: its dry run (GPU_CHECK_DRY=1) runs every stage's
+command on the CPU with tiny settings, on raw Multi30k-shaped files it prepares itself
+(bench/gpu_train.py, gpu_decode.py and run_figures.py included); stages past the
+deadline are skipped and fail the check; its stage limits fit its deadline."""
 
 from __future__ import annotations
 
@@ -10,23 +11,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-
-import gpu_decode
-import gpu_train
-import run_figures
-from train_data import make_data_dir, tiny_recipe
-from translation_ckpt import random_checkpoint, sentences, tiny_vocab
-
-from nmt_cli.core.transformer import ModelConfig
-from nmt_cli.engines.train import train
+from unix_helpers import corpus_pairs, write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_check.sh"
+# The script's stages, in its order; each one must run and pass in the dry run.
+STAGES = [
+    "environment",
+    "prepare",
+    "train-speed",
+    "multi30k",
+    "multi30k-figures",
+    "decode-speed",
+    "train-fp16",
+    "torchrun",
+    "gpus-error",
+]
 
 # A GPU machine's python may lack these (torch, numpy, typer, rich, sentencepiece and
 # sacrebleu only); nothing the check runs may need them.
@@ -40,12 +40,22 @@ class _Block:
 sys.meta_path.insert(0, _Block())
 """
 
-needs_no_gpu = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="on a GPU machine the check runs its GPU stages"
-)
+
+def _raw_multi30k(root: Path) -> Path:
+    """Small files named as multi30k/dataset names them: what `--from DIR` reads."""
+    root.mkdir(parents=True)
+    offset = 0
+    for split, n in (("train", 300), ("val", 20), ("test_2016_flickr", 20)):
+        items = corpus_pairs(n, offset)
+        offset += n
+        write_lines(root / f"{split}.en.gz", [a for a, _ in items], gz=True)
+        write_lines(root / f"{split}.de.gz", [b for _, b in items], gz=True)
+    return root
 
 
-def _run_check(tmp_path: Path, data: Path, seconds: int = 540) -> subprocess.CompletedProcess[str]:
+def _run_check(
+    tmp_path: Path, data: Path, seconds: int = 540, dry: bool = False
+) -> subprocess.CompletedProcess[str]:
     block = tmp_path / "block"
     block.mkdir()
     (block / "sitecustomize.py").write_text(BLOCKER, encoding="utf-8")
@@ -54,6 +64,10 @@ def _run_check(tmp_path: Path, data: Path, seconds: int = 540) -> subprocess.Com
         PYTHON=sys.executable,
         PYTHONPATH=str(block),
         GPU_CHECK_SECONDS=str(seconds),
+        GPU_CHECK_DRY="1" if dry else "0",
+        OMP_NUM_THREADS="1",  # a shared CPU: one thread a process, no oversubscription
+        LOGLEVEL="WARNING",  # torchrun's
+        TMPDIR=str(tmp_path),  # the script's prepared data and checkpoints
     )
     env.pop("OUT", None)
     out = tmp_path / "out"
@@ -68,68 +82,64 @@ def _run_check(tmp_path: Path, data: Path, seconds: int = 540) -> subprocess.Com
     )
 
 
-@needs_no_gpu
-def test_without_a_gpu_the_check_runs_what_it_can_and_says_what_it_skipped(
+def test_the_dry_run_runs_every_stage_on_the_cpu_from_raw_files(tmp_path: Path) -> None:
+    done = _run_check(tmp_path, _raw_multi30k(tmp_path / "raw"), dry=True)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text
+    assert "DRY RUN (GPU_CHECK_DRY=1)" in text
+    ran = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert ran == STAGES, text
+    for name in STAGES:
+        assert f"-- {name}: done in " in done.stdout, (name, text)
+    assert "all stages ran" in done.stdout
+    # the figures each stage exists for, measured rates only
+    assert "bf16 matmul (256^3) measured:" in done.stdout
+    for variant in ("eager bf16", "baseline bf16", "eager fp16"):
+        assert f"tiny {variant}: 2 steps" in done.stdout, variant
+    assert done.stdout.count("of the measured matmul rate") == 3
+    assert "of peak" not in text and "TFLOP/s peak" not in text
+    assert "3 updates in " in done.stdout  # run_figures.py read the Multi30k run
+    assert "beam 4, batch 128, cpu:" in done.stdout and "(16 sentences)" in done.stdout
+    assert "beam 4, batch 1, cpu:" in done.stdout and "(3 sentences)" in done.stdout
+    assert "error: --gpus " in done.stdout and "(the expected one-line error, exit 1)" in text
+    out = tmp_path / "out"
+    summary = (out / "SUMMARY.txt").read_text(encoding="utf-8")
+    assert all(f"-- {name}: done" in summary for name in STAGES)
+    assert sorted(out.glob("*.log")) == sorted(out / f"{name}.log" for name in STAGES)
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert {s["system"] for s in results["systems"]} >= {"last"}
+    assert (out / "metrics.jsonl").is_file()
+
+
+def test_stages_past_the_deadline_are_skipped_and_what_cannot_run_is_said(
     tmp_path: Path,
 ) -> None:
-    data = make_data_dir(tmp_path / "data")
-    done = _run_check(tmp_path, data)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "imports: nmt_cli's commands load without sacremoses or datasets" in done.stdout
-    assert "-- recipe: done" in done.stdout
-    assert "no CUDA GPU visible: skipping the GPU stages" in done.stdout
-    summary = (tmp_path / "out" / "SUMMARY.txt").read_text(encoding="utf-8")
-    assert "no CUDA GPU visible" in summary and "GPU: none visible" in summary
-
-
-@needs_no_gpu
-def test_without_the_prepared_data_the_check_says_how_to_get_it(tmp_path: Path) -> None:
-    done = _run_check(tmp_path, tmp_path / "missing")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "no prepared Multi30k directory" in done.stdout
-    assert "Prepare it as this script's header says" in done.stdout
-
-
-def test_stages_past_the_time_budget_are_skipped_and_make_the_check_fail(
-    tmp_path: Path,
-) -> None:
+    """Past the deadline every stage is skipped, and so the GPUs are not counted; data
+    that is not there, and the GPU stages that cannot run, are said and fail the check."""
     done = _run_check(tmp_path, tmp_path / "missing", seconds=10)
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stdout + done.stderr
     assert "== environment: SKIPPED, the check's 10s are spent" in done.stdout
+    assert "== data: no Multi30k at" in done.stdout
+    assert "did not count the GPUs: skipping the GPU stages" in done.stdout
+    assert "GPU_CHECK_DRY=1" in done.stdout
+    assert "failed, timed out or skipped: environment data" in done.stdout
+    summary = (tmp_path / "out" / "SUMMARY.txt").read_text(encoding="utf-8")
+    assert "skipping the GPU stages" in summary
 
 
-def test_training_variants_run_their_code_path_on_the_cpu() -> None:
-    cfg = ModelConfig(
-        encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, n_heads=2,
-        src_vocab_size=60, tgt_vocab_size=60,
-    )  # fmt: skip
-    corpus = gpu_train.wmt_like_corpus(cfg, max_tokens=400, count=3)
-    assert len(corpus.groups) == 3 and all(f > 0 for f in corpus.flops)
-    for key in ("eager", "baseline"):  # "nmt" adds compilation, tested in the unit tests
-        line = gpu_train.run_variant("tiny", key, cfg, corpus, 2, (1.0, 1e12), torch.device("cpu"))
-        assert line.startswith(f"tiny {key}: 2 steps") and "ms/step" in line
-
-
-def test_decoding_speed_runs_on_the_cpu(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model = random_checkpoint(tmp_path / "random.pt", tiny_vocab())
-    text = tmp_path / "test.txt"
-    text.write_text("\n".join(sentences(12, seed=3)) + "\n", encoding="utf-8")
-    argv = ["gpu_decode.py", "--model", str(model), "--input", str(text), "--device", "cpu"]
-    monkeypatch.setattr(sys, "argv", [*argv, "--single", "3", "--max-len-b", "3"])
-    gpu_decode.main()
-    out = capsys.readouterr().out
-    assert "beam 4, batch 128, cpu:" in out and "(12 sentences)" in out
-    assert "beam 4, batch 1, cpu:" in out and "(3 sentences)" in out
-
-
-def test_run_figures_read_a_training_run(tmp_path: Path) -> None:
-    data = make_data_dir(tmp_path / "data")
-    result = train(tiny_recipe(data, tmp_path / "run", max_steps=4))
-    results = {"systems": [{"system": "last", "bleu": 12.34, "chrf": 40.0}]}
-    (result.run_dir / "results.json").write_text(json.dumps(results), encoding="utf-8")
-    lines = run_figures.figures(result.run_dir)
-    assert lines[0].startswith("4 updates in ")
-    assert lines[1].startswith("  0-") and "target tokens/s" in lines[1]
-    assert lines[-1] == "last: sacreBLEU 12.3, chrF2 40.0"
+def test_the_stage_limits_fit_the_deadline_with_margin() -> None:
+    """The limits the script gives its stages add up to at most 90% of its deadline (the
+    rest is start-up and the kill grace of a stage that times out), and the header
+    states them."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    limits = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) > 2 and words[0] == "stage" and words[2].isdigit():
+            limits[words[1]] = int(words[2])
+    assert list(limits) == STAGES
+    deadline = int(text.split("GPU_CHECK_SECONDS:-")[1].split("}")[0])
+    assert sum(limits.values()) <= 0.9 * deadline
+    stated = ", ".join(f"{name} {limit}" for name, limit in limits.items())
+    header = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    assert f"{stated}; {sum(limits.values())} in all" in " ".join(header.split())

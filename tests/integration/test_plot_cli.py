@@ -118,7 +118,7 @@ def test_plot_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     result = runner.invoke(app, ["plot", str(run)])
     line = one_error(result, 1)
-    assert line.endswith("not installed: pip install 'nmt-cli[plot]'")
+    assert line.endswith("needs it: pip install 'nmt-cli[plot]' (or pip install matplotlib)")
     assert not (run / "curves-steps.png").exists()
 
 
@@ -129,6 +129,7 @@ def test_run_notices_missing_matplotlib_in_one_line(
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     assert _plot(run) == (
-        "matplotlib is not installed, so no training curves (pip install 'nmt-cli[plot]')"
+        "no training curves: matplotlib is not installed, and drawing PNG/SVG pictures "
+        "needs it: pip install 'nmt-cli[plot]' (or pip install matplotlib)"
     )
     assert _plot(tmp_path) == "no metrics.jsonl, no training curves"

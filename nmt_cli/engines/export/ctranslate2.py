@@ -44,8 +44,9 @@ from torch import Tensor
 from nmt_cli.core.checkpoint import Checkpoint
 from nmt_cli.core.transformer import ModelConfig, sinusoidal_positions
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, UNK_ID
-from nmt_cli.engines.export.output import all_pieces, require, write_sentencepiece
+from nmt_cli.engines.export.output import all_pieces, write_sentencepiece
 from nmt_cli.errors import NmtError, UsageError
+from nmt_cli.optional import require
 
 QUANTIZATIONS = (
     "float32",
@@ -83,7 +84,7 @@ two agree token for token; with beam 4 rankings may differ slightly.
 
 def import_ctranslate2() -> Any:
     """The ctranslate2 package, or an NmtError saying how to install it."""
-    return require("ctranslate2", "--to ctranslate2")
+    return require("ctranslate2", purpose="nmt export --to ctranslate2")
 
 
 def check_exportable(cfg: ModelConfig) -> None:

@@ -42,8 +42,9 @@ from torch import Tensor
 from nmt_cli.core.checkpoint import Checkpoint
 from nmt_cli.core.transformer import ModelConfig, sinusoidal_positions
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt_cli.engines.export.output import all_pieces, require, write_json, write_sentencepiece
+from nmt_cli.engines.export.output import all_pieces, write_json, write_sentencepiece
 from nmt_cli.errors import NmtError
+from nmt_cli.optional import require
 
 USAGE = """# MarianMT model exported by nmt
 
@@ -67,7 +68,7 @@ so beam rankings may differ slightly.
 
 def import_transformers() -> Any:
     """The transformers package, or an NmtError saying how to install it."""
-    return require("transformers", "--to huggingface")
+    return require("transformers", purpose="nmt export --to huggingface")
 
 
 def check_exportable(cfg: ModelConfig) -> None:

@@ -1,7 +1,8 @@
 """What every exporter shares: the optional library, the output directory, the vocabulary.
 
-The export libraries are optional extras, imported only when an export runs, so nmt works
-without them and says what to install when they are missing. The output directory is
+The export libraries are optional extras, imported only when an export runs (through
+`nmt_cli.optional`), so nmt works without them and says what to install when they are
+missing. The output directory is
 checked before any work starts, and the export is built in a staging directory beside it
 and renamed into place at the end: a failed or killed export never leaves a half-written
 model where a user (or a server watching the directory) would load it.
@@ -10,29 +11,15 @@ model where a user (or a server watching the directory) would load it.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from nmt_cli.core.vocab import Vocab
 from nmt_cli.errors import NmtError
-
-
-def require(module: str, what: str) -> ModuleType:
-    """Import an optional library or fail with one line saying how to get it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        package = module.split(".")[0]
-        raise NmtError(
-            f"{what} needs the {package} package: pip install 'nmt-cli[export]' "
-            f"(or pip install {package})"
-        ) from None
 
 
 def check_output_dir(out_dir: Path, force: bool) -> None:

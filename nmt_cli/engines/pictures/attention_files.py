@@ -77,7 +77,7 @@ def check_picture_options(
         head = options.head - 1
     images = tuple(f for f in options.formats if f in IMAGE_FORMATS)
     if images:
-        require_plotting()
+        require_plotting(avoid="pass --format html for the page alone, which needs no matplotlib")
     return _Choice(enc, dec, head, images)
 
 

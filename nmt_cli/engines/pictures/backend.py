@@ -13,43 +13,28 @@ from typing import TYPE_CHECKING, Any
 
 from nmt_cli.core.files import atomic_path
 from nmt_cli.errors import NmtError
+from nmt_cli.optional import require
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-INSTALL_HINT = "pip install 'nmt-cli[plot]'"
 IMAGE_FORMATS = ("png", "svg")
 ATTENTION_FORMATS = (*IMAGE_FORMATS, "html")  # nmt attention adds its browsable page
+PURPOSE = "drawing PNG/SVG pictures"
 
 
-class PlottingUnavailable(NmtError):
-    """matplotlib is not installed."""
-
-
-def plotting_available() -> bool:
-    """Whether matplotlib can be imported (it is, when it can)."""
-    try:
-        import matplotlib.figure  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def require_plotting() -> None:
-    """Raise the one-line install hint unless matplotlib can be imported; called before
-    any work whose pictures would be lost."""
-    if not plotting_available():
-        raise PlottingUnavailable(
-            f"drawing PNG/SVG pictures needs matplotlib, which is not installed: {INSTALL_HINT}"
-        )
+def require_plotting(avoid: str = "") -> None:
+    """Raise the one-line install hint (`nmt_cli.optional.MissingPackage`) unless
+    matplotlib can be imported; called before any work whose pictures would be lost.
+    `avoid` names the option that does without pictures, where a command has one."""
+    require("matplotlib.figure", purpose=PURPOSE, avoid=avoid)
 
 
 def new_figure(width: float, height: float) -> Figure:
     """An empty figure of `width` x `height` inches; matplotlib is imported here."""
-    require_plotting()
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
+    figure = require("matplotlib.figure", purpose=PURPOSE)
+    fig: Figure = figure.Figure(figsize=(width, height), layout="constrained")
+    return fig
 
 
 def save_figure(fig: Figure, stem: Path, formats: Sequence[str], dpi: int = 110) -> list[Path]:
@@ -58,8 +43,7 @@ def save_figure(fig: Figure, stem: Path, formats: Sequence[str], dpi: int = 110)
     SVG output keeps its text as text (small, searchable, selectable) and is reproducible
     (no date, fixed element ids): a regenerated figure that did not change is the same
     file."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", purpose=PURPOSE)
     written = []
     for fmt in formats:
         path = stem.with_name(f"{stem.name}.{fmt}")

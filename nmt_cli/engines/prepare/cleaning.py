@@ -29,6 +29,7 @@ from nmt_cli.engines.prepare.layout import SIDES, SPLITS, Layout
 from nmt_cli.engines.prepare.progress import Progress, Step, step
 from nmt_cli.engines.prepare.sources import Corpus
 from nmt_cli.errors import NmtError
+from nmt_cli.optional import require
 
 RULES = ("empty", "too_long", "ratio", "duplicate")
 
@@ -63,10 +64,14 @@ class CleanStats:
 
 def make_normalizer(lang: str) -> Callable[[str], str]:
     """sacremoses punctuation normalization for one language (imported only when asked)."""
-    from sacremoses import MosesPunctNormalizer
-
-    normalizer = MosesPunctNormalizer(lang=lang)
-    return normalizer.normalize
+    sacremoses = require(
+        "sacremoses",
+        purpose="punctuation normalization",
+        avoid="leave it off (no --normalize-punctuation; data.normalize_punctuation = false)",
+    )
+    normalizer = sacremoses.MosesPunctNormalizer(lang=lang)
+    normalize: Callable[[str], str] = normalizer.normalize
+    return normalize
 
 
 class PairCleaner:

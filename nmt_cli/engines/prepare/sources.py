@@ -20,6 +20,7 @@ from nmt_cli.engines.prepare.demo_corpus import DEMO_SPLITS, DEMO_VERSION, demo_
 from nmt_cli.engines.prepare.multi30k import DEFAULT_TEST, MULTI30K, Multi30kPreset, fetch_multi30k
 from nmt_cli.engines.prepare.presets import DEMO, PRESETS, Preset, preset_names
 from nmt_cli.errors import NmtError
+from nmt_cli.optional import require
 from nmt_cli.text_io import LineDecoder, TextPairs, check_readable, one_line
 
 _ROLE_WORDS = {"train": ("train",), "valid": ("valid", "validation", "val", "dev")}
@@ -224,9 +225,15 @@ def _hf_splits(dataset_dict: Any, valid_split: str = "", test_split: str = "") -
     return {role: dataset_dict[name] for role, name in roles}
 
 
+def _datasets(purpose: str, avoid: str) -> Any:
+    return require("datasets", purpose=purpose, avoid=avoid)
+
+
 def _preset(preset: Preset, req: SourceRequest) -> Corpus:
     src, tgt = _direction(req, preset.src, preset.tgt, preset.name)
-    import datasets
+    datasets = _datasets(
+        f"the {preset.name} preset", "prepare the corpus from text files with --from DIR"
+    )
 
     try:
         loaded = datasets.load_dataset(
@@ -251,11 +258,12 @@ def _preset(preset: Preset, req: SourceRequest) -> Corpus:
 
 
 def _local_datasets(path: Path, req: SourceRequest) -> Corpus | None:
-    """A save_to_disk directory, or Parquet/JSON files named by split; None if neither."""
-    import datasets
-
+    """A save_to_disk directory, or Parquet/JSON files named by split; None if neither
+    (text files need no `datasets`)."""
+    avoid = f"give --from a directory of text files (train.{req.src or 'SRC'}.gz, ...)"
     info: dict[str, Any] = {"kind": "datasets", "path": str(path.resolve())}
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        datasets = _datasets(f"reading the saved dataset {path}", avoid)
         try:
             loaded = datasets.load_from_disk(str(path))
         except Exception as exc:
@@ -282,6 +290,7 @@ def _local_datasets(path: Path, req: SourceRequest) -> Corpus | None:
     roles = _pick_roles(by_split, req.valid_split, req.test_split, "split", "")
     chosen = {role: by_split[name] for role, name in roles}
     info["files"] = {role: [Path(f).name for f in files] for role, files in chosen.items()}
+    datasets = _datasets(f"reading the {builder} files of {path}", avoid)
     try:
         loaded = datasets.load_dataset(builder, data_files=chosen, cache_dir=req.cache_dir or None)
     except Exception as exc:

@@ -17,6 +17,11 @@ from nmt_cli.engines.train.device_choices import DeviceChoices
 from nmt_cli.engines.train.distributed import DistContext
 from nmt_cli.errors import NmtError
 
+# What `train.compile` compiles with. Tests put a cheaper backend here ("eager": dynamo's
+# graph capture without code generation, which takes minutes on a small CPU) or one
+# that fails.
+COMPILE_BACKEND = "inductor"
+
 
 def check_positions(cfg: ModelConfig, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> None:
     """Refuse data whose longest sentence the model's positions cannot hold."""
@@ -37,7 +42,7 @@ def training_objective(
         label_smoothing,
         PAD_ID,
         fused_projection=choices.fused_projection,
-        compile_backend="inductor" if choices.compile_model else None,
+        compile_backend=COMPILE_BACKEND if choices.compile_model else None,
     )
     if ctx.distributed:
         objective = DistributedDataParallel(

@@ -13,6 +13,9 @@ casts took 12% of GPU time. On a GPU, therefore:
 
 On a CPU none of these pays (the written-out attention, the cache-sized loss chunks and
 eager mode are faster there, see BENCHMARKS.md), and `train.compile = "auto"` is off.
+Each choice is a recipe setting whose "auto" means "by device" (`train.compile`,
+`fused_projection`, `shape_multiple`, `prefetch`, `attention_backend`): set on a CPU, it
+runs the GPU's code there, which is how the tests check the GPU's path without a GPU.
 """
 
 from __future__ import annotations
@@ -45,18 +48,31 @@ class DeviceChoices:
             parts.append("output projection fused into the chunked loss")
         if self.shape_multiple > 1:
             parts.append(f"batch widths padded to multiples of {self.shape_multiple}")
+        if self.prefetch:
+            parts.append("next batches prepared ahead")
         return "; ".join(parts)
 
 
 def choose(train: TrainConfig, device: torch.device) -> DeviceChoices:
     gpu = device.type == "cuda"
+    multiple = train.shape_multiple
     return DeviceChoices(
         compile_model=resolve_compile(train.compile, device),
-        fused_projection=gpu,
-        shape_multiple=GPU_SHAPE_MULTIPLE if gpu else 1,
+        fused_projection=gpu if train.fused_projection == "auto" else train.fused_projection,
+        shape_multiple=(GPU_SHAPE_MULTIPLE if gpu else 1) if multiple == "auto" else multiple,
         attention_backend=train.attention_backend,
-        prefetch=gpu,
+        prefetch=gpu if train.prefetch == "auto" else train.prefetch,
     )
+
+
+def announcement(choices: DeviceChoices, device: torch.device) -> str | None:
+    """What `nmt train` says at start about its choices: always on a GPU, and on a CPU
+    when the recipe forced any away from the CPU's own."""
+    if device.type == "cuda":
+        return f"GPU training: {choices.describe()}"
+    if choices != choose(TrainConfig(), device):
+        return f"CPU training with GPU choices forced by the recipe: {choices.describe()}"
+    return None
 
 
 def resolve_compile(setting: bool | Literal["auto"], device: torch.device) -> bool:

@@ -97,12 +97,15 @@ def _free_port() -> int:
 def init_process(
     rank: int, world: int, local_rank: int, use_cuda: bool, timeout_s: float
 ) -> DistContext:
-    """Join the process group (when world > 1) and pick this rank's device."""
+    """Join the process group (when world > 1) and pick this rank's device.
+
+    Everything here runs on CPUs too (gloo; tests/unit/test_train_ddp.py and, under
+    torchrun, tests/integration/test_torchrun.py) except the two lines marked GPU only:
+    making the rank's GPU the current one, and binding NCCL's communicator to it (gloo
+    refuses a device_id that is not an accelerator)."""
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+        torch.cuda.set_device(device)  # GPU only
     if world > 1:
         backend = "nccl" if use_cuda else "gloo"
         try:
@@ -111,7 +114,7 @@ def init_process(
                 rank=rank,
                 world_size=world,
                 timeout=datetime.timedelta(seconds=timeout_s),
-                device_id=device if use_cuda else None,
+                device_id=device if use_cuda else None,  # GPU only
             )
         except (RuntimeError, ValueError) as exc:  # DistStoreError is a RuntimeError
             addr = os.environ.get("MASTER_ADDR", "?")

@@ -45,7 +45,7 @@ from nmt_cli.engines.train.checkpoints import (
     train_state,
 )
 from nmt_cli.engines.train.data_record import data_record, reconcile
-from nmt_cli.engines.train.device_choices import choose
+from nmt_cli.engines.train.device_choices import announcement, choose
 from nmt_cli.engines.train.distributed import DistContext, LaunchSpec, check_devices, launch
 from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
@@ -239,8 +239,9 @@ class _Trainer:
                 first_updates=[plan.update_real_tokens(u) for u in upcoming],
             )
         )
-        if self.ctx.device.type == "cuda":
-            self.report.notice(f"GPU training: {self.choices.describe()}")
+        said = announcement(self.choices, self.ctx.device)
+        if said is not None:
+            self.report.notice(said)
         policy = StopPolicy(tc)
         if policy.finished_before_start(self.pos.step):
             return "max_steps"
@@ -264,7 +265,11 @@ class _Trainer:
                     self.feed.prefetch(plan, update + 1)  # while the device works
                 stats = pending.result()
                 if attempts == first_attempt and self.choices.compile_model:
-                    self.report.compiled(time.monotonic() - t0, self.pos.step + 1)
+                    failure = self.updater.compile_failure
+                    if failure is None:
+                        self.report.compiled(time.monotonic() - t0, self.pos.step + 1)
+                    else:
+                        self.report.compile_failed(failure, self.pos.step + 1)
                 attempts += 1
                 self.pos.batches_done = min(len(plan.batches), (update + 1) * plan.slots)
                 self._count(stats)

@@ -25,11 +25,24 @@ from nmt_cli.engines.train.events import (
 from nmt_cli.engines.train.run_dir import RunDir
 from nmt_cli.engines.train.step import UpdateStats
 from nmt_cli.engines.train.validate import DevFigures
+from nmt_cli.optional import MissingPackage, require
 
 if TYPE_CHECKING:
     from nmt_cli.engines.translate.attention import AttentionMaps
 
 EventSink = Callable[[TrainEvent], None]
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one line: its type, and the first line of the error underneath
+    it (a compiler's error wraps the one that stopped it: `inner_exception` in
+    torch._dynamo's BackendCompilerFailed, otherwise the exception's cause)."""
+    inner = getattr(exc, "inner_exception", None) or exc.__cause__
+    shown = inner if isinstance(inner, BaseException) else exc
+    lines = [line.strip() for line in str(shown).splitlines() if line.strip()]
+    names = type(exc).__name__ + (f": {type(shown).__name__}" if shown is not exc else "")
+    text = f"{names}: {lines[0]}" if lines else names
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Meter:
@@ -117,22 +130,32 @@ class Reporter:
         self.notice(f"torch.compile: the first update took {seconds:.1f} s, compilation included")
         self.log({"type": "compile", "step": step, "first_update_s": seconds})
 
+    def compile_failed(self, cause: Exception, step: int) -> None:
+        """The compiler failed at the first compiled update, which ran eagerly instead."""
+        why = one_line(cause)
+        self.notice(
+            f"torch.compile failed at the first update ({why}); training goes on without "
+            "compiling. train.compile = false (--set train.compile=false) skips compilation",
+            warning=True,
+        )
+        self.log({"type": "compile", "step": step, "fallback": "eager", "error": why})
+
     def open_tensorboard(self) -> None:
         """Into `<run>/tensorboard` when tensorboard is installed; "auto" (the default)
         passes over its absence in silence, `true` warns."""
         if not self.is_main or self.tc.tensorboard is False:
             return
         try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
+            writer = require(
+                "torch.utils.tensorboard",
+                purpose="writing TensorBoard logs (train.tensorboard = true)",
+                avoid="set train.tensorboard = false (metrics.jsonl has the same figures)",
+            )
+        except MissingPackage as exc:
             if self.tc.tensorboard is True:
-                self.notice(
-                    "train.tensorboard is set but tensorboard is not installed "
-                    "(pip install 'nmt-cli[tensorboard]'); metrics.jsonl has the same figures",
-                    warning=True,
-                )
+                self.notice(str(exc), warning=True)
             return
-        self.tensorboard = SummaryWriter(str(self.run.root / "tensorboard"))
+        self.tensorboard = writer.SummaryWriter(str(self.run.root / "tensorboard"))
 
     @property
     def draws_attention(self) -> bool:

@@ -12,6 +12,11 @@ fused Adam, the decision to skip a non-finite update, which the optimizer takes 
 device (the `found_inf` flag a gradient scaler hands it). `launch` queues an update and
 `PendingUpdate.result` waits for it, so a GPU's trainer can prepare the next batches in
 between while the device works.
+
+A compiled objective compiles during its first update's passes. If the compiler fails
+there (no Triton, no C compiler, an operation it cannot lower), the passes run again
+eagerly before the optimizer has stepped, so the update is the eager one exactly, and
+`compile_failure` keeps the cause for the trainer to report.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli.core.batching import Batch
+from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.precision import autocast
 from nmt_cli.core.schedule import set_learning_rate
 from nmt_cli.errors import NmtError
@@ -86,10 +92,13 @@ class Updater:
         self.device = device
         self.clip_norm = clip_norm
         self.world = world
-        self.scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         self.params = [p for p in objective.parameters() if p.requires_grad]
         # A fused Adam skips a non-finite update on the device; others need the host.
         self.skip_on_device = bool(optimizer.defaults.get("fused"))
+        inner = _objective_of(objective)
+        self._first_compiled = inner is not None and inner.compiled
+        self.compile_failure: Exception | None = None  # why the first update ran eagerly
 
     def _no_sync(self, last: bool) -> contextlib.AbstractContextManager[None]:
         if not last and isinstance(self.objective, DistributedDataParallel):
@@ -116,6 +125,38 @@ class Updater:
         """Queue one update. micro: (batch, weight) pairs, weight 0 for an empty slot's
         stand-in batch; seeds: one dropout seed per micro-batch."""
         self.objective.train()
+        if self._first_compiled:
+            sums = self._first_compiled_passes(micro, update_tokens, seeds)
+        else:
+            sums = self._passes(micro, update_tokens, seeds)
+        return self._step(*sums, lr)
+
+    def _first_compiled_passes(
+        self, micro: list[tuple[Batch, float]], update_tokens: int, seeds: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """`_passes` of the first compiled update, where compilation happens. Should the
+        compiler fail, they run again eagerly: the optimizer has not stepped yet, the
+        failed attempt's gradients are dropped and every pass reseeds its dropout."""
+        self._first_compiled = False
+        try:
+            return self._passes(micro, update_tokens, seeds)
+        except NmtError:  # out of memory: the batch's doing, not the compiler's
+            raise
+        except Exception as exc:
+            for p in self.params:
+                p.grad = None
+            inner = _objective_of(self.objective)
+            assert inner is not None
+            inner.run_eagerly()
+            sums = self._passes(micro, update_tokens, seeds)  # an error here is eager's
+            self.compile_failure = exc
+            return sums
+
+    def _passes(
+        self, micro: list[tuple[Batch, float]], update_tokens: int, seeds: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Forward and backward over the micro-batches: the gradients, and the summed
+        (loss, nll, real target tokens)."""
         scale = self.world / max(update_tokens, 1)
         loss_acc = torch.zeros((), device=self.device)
         nll_acc = torch.zeros((), device=self.device)
@@ -136,7 +177,7 @@ class Updater:
             loss_acc += loss.detach() * weight
             nll_acc += nll.detach() * weight
             tokens += batch.tgt_tokens if weight else 0
-        return self._step(loss_acc, nll_acc, tokens, lr)
+        return loss_acc, nll_acc, tokens
 
     def _step(
         self, loss_acc: torch.Tensor, nll_acc: torch.Tensor, tokens: int, lr: float
@@ -162,6 +203,12 @@ class Updater:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return PendingUpdate(totals, tokens, host)
+
+
+def _objective_of(module: nn.Module) -> TrainingObjective | None:
+    """The TrainingObjective, inside a DDP wrapper or not (None for another module)."""
+    inner = module.module if isinstance(module, DistributedDataParallel) else module
+    return inner if isinstance(inner, TrainingObjective) else None
 
 
 def _step_unless_nonfinite(optimizer: torch.optim.Optimizer, norm: torch.Tensor) -> None:
