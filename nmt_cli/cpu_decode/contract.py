@@ -10,7 +10,7 @@ instead of reading the wrong tensor at run time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -155,7 +155,7 @@ def as_arguments(spec: Any) -> Any:
     layers with their `kind`), lists item by item, tensors and numbers as they are."""
     if isinstance(spec, list):
         return [as_arguments(item) for item in spec]
-    if hasattr(spec, "__dataclass_fields__"):
+    if is_dataclass(spec):
         out = {f.name: as_arguments(getattr(spec, f.name)) for f in fields(spec)}
         kind = getattr(type(spec), "kind", None)
         if kind is not None:

@@ -149,6 +149,10 @@ def beam_advance(model: nn.Module) -> BeamAdvance:
     return torch_advance
 
 
+# The decode-only linear layers of each precision (fp32 keeps PyTorch's nn.Linear).
+_LINEAR_KINDS: dict[str, LinearKind] = {"bf16": "packed-bf16", "int8": "int8"}
+
+
 def cpu_decoders(
     models: list[Transformer],
     precision: str,
@@ -169,7 +173,7 @@ def cpu_decoders(
             kernel = prepare_kernel(on_compile)
         except CompileError as exc:
             on_fallback(str(exc))
-    kind: LinearKind | None = {"bf16": "packed-bf16", "int8": "int8"}.get(precision)  # type: ignore[assignment]
+    kind = _LINEAR_KINDS.get(precision)
     decoders: list[CpuDecoder] = []
     for model in models:
         projection = specialise_linears(model, kind, kernel) if kind is not None else None

@@ -21,9 +21,9 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
 
 Both are core/step_linear.py's `StepLinear`s, so the model's own decoder step calls
 them with its ReLU and residual adds fused. `specialise_linears` swaps every linear layer
-of a Transformer for one of these, and `decode_only_projection` makes one of the tied
-output projection. The result decodes only: it has no gradients, and its packed weights
-are not parameters, so it is never trained or saved.
+of a Transformer for one of these and returns one made of the tied output projection.
+The result decodes only: it has no gradients, and its packed weights are not
+parameters, so it is never trained or saved.
 """
 
 from __future__ import annotations
