@@ -5,14 +5,19 @@
         --model runs/multi30k-en-de/checkpoints/best.pt \\
         --ref DIR/test_2016_flickr.de.gz
 
-(DIR: a local copy of Multi30k.) Exports the checkpoint with `nmt export` (CTranslate2
-float32 and int8, transformers MarianMT float32) into a temporary directory, then times
-beam 4 on the test set at batch 128 and on its first `--single` sentences at batch 1,
-every system in this one run with the same threads, and scores each batch-128 output with
-sacreBLEU. Layouts: nmt and CTranslate2 decode `threads` batches side by side, one thread
-each (nmt's default on a small CPU; CTranslate2's inter_threads); transformers decodes one
-batch on all threads. Length penalties differ by system: nmt's GNMT ((5 + |Y|) / 6) **
-0.6, CTranslate2's and transformers' |Y| ** 0.6. The output limit is nmt's |source| + 50
+(DIR: a local copy of Multi30k.) Exports the checkpoint with `nmt export` (CTranslate2,
+decoded in float32 and in int8; transformers MarianMT float32) into a temporary
+directory, then times beam 4 on the test set at batch 128 and on its first `--single`
+sentences at batch 1, every system in this one run with the same threads, and scores each
+batch-128 output with sacreBLEU. Every system runs in a process of its own, pinned with
+taskset to the first `threads` cores (peer_launch.py; the CTranslate2 worker never
+imports torch), and is timed around its own tokenization, decoding and detokenization
+after a warm-up of max(8, batch x threads) lines, model load and file I/O not included
+(peer_worker.py). Layouts: nmt and CTranslate2 decode `threads` batches side by side, one
+thread each (nmt's default on a small CPU; CTranslate2's inter_threads); transformers
+decodes one batch on all threads.
+Length penalties differ by system: nmt's GNMT ((5 + |Y|) / 6) ** 0.6, CTranslate2's and
+transformers' |Y| ** 0.6. The output limit is nmt's |source| + 50
 tokens per sentence; the others take one limit per call, so they get 50 + the longest
 source of the batch. CTranslate2 decodes the batches nmt cuts (peer_ct2.py). Prints the
 figures and the exact command.
@@ -21,77 +26,37 @@ figures and the exact command.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import platform
+import shlex
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 import sacrebleu
-import torch
-from peer_ct2 import Ct2Decoder
+from peer_ct2 import export
+from peer_launch import Layout, run_worker, usable_cores, worker_command
 
-from nmt_cli import Translator
-from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.core.cpus import usable_cpus
-from nmt_cli.core.precision import DecodePrecisionSetting
-from nmt_cli.engines.export.run import ExportConfig, export_model
 from nmt_cli.text_io import read_lines
 
-Decode = Callable[[list[str], int], list[str]]  # (lines, batch size) -> translations
 
-
-def nmt_decoder(model: Path, precision: DecodePrecisionSetting, threads: int) -> Decode:
-    translators: dict[int, Translator] = {}  # one per batch size, loaded before timing
-
-    def decode(lines: list[str], batch: int) -> list[str]:
-        if batch not in translators:
-            translators[batch] = Translator.load(
-                model, precision=precision, batch_sentences=batch, threads=threads, device="cpu"
-            )
-        return [r.text for r in translators[batch].translate(lines)]
-
-    return decode
-
-
-def ctranslate2_decoder(model_dir: Path, compute_type: str, threads: int) -> Decode:
-    """CTranslate2 on the batches nmt cuts, `threads` of them side by side (peer_ct2.py)."""
-    peer = Ct2Decoder(model_dir, compute_type, threads)
-    return lambda lines, batch: [out.text for out in peer.translate(lines, batch)]
-
-
-def transformers_decoder(model_dir: Path, threads: int) -> Decode:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).eval()
-
-    def decode(lines: list[str], batch: int) -> list[str]:
-        torch.set_num_threads(threads)
-        order = sorted(range(len(lines)), key=lambda i: -len(lines[i]))  # less padding
-        out: dict[int, str] = {}
-        for lo in range(0, len(order), batch):
-            index = order[lo : lo + batch]
-            inputs = tokenizer([lines[i] for i in index], return_tensors="pt", padding=True)
-            limit = 50 + inputs["input_ids"].size(1) - 1  # the longest source, without </s>
-            with torch.inference_mode():
-                ids = model.generate(
-                    **inputs, num_beams=4, length_penalty=0.6, max_new_tokens=limit + 1
-                )
-            texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-            out.update(zip(index, texts, strict=True))
-        return [out[i] for i in range(len(lines))]
-
-    return decode
-
-
-def timed(decode: Decode, lines: list[str], batch: int) -> tuple[float, list[str]]:
-    decode(lines[:8], batch)  # warm-up: loading, kernels, allocators
-    start = time.perf_counter()
-    texts = decode(lines, batch)
-    return len(lines) / (time.perf_counter() - start), texts
+def systems(
+    args: argparse.Namespace, ct2_dir: Path, hf_dir: Path
+) -> dict[str, tuple[str, Path, dict[str, Any]]]:
+    """Each system's worker script, model and own flags."""
+    found: dict[str, tuple[str, Path, dict[str, Any]]] = {
+        f"nmt {p}": ("peer_nmt.py", args.model, {"precision": p}) for p in args.precisions
+    }
+    for compute_type in ("float32", "int8"):
+        found[f"ctranslate2 {compute_type}"] = (
+            "peer_ct2.py",
+            ct2_dir,
+            {"compute_type": compute_type},
+        )
+    found["transformers float32"] = ("peer_transformers.py", hf_dir, {})
+    return found
 
 
 def main() -> None:
@@ -101,43 +66,50 @@ def main() -> None:
     parser.add_argument("--ref", type=Path, required=True, help="reference (gz)")
     parser.add_argument("--single", type=int, default=200, help="sentences at batch 1")
     parser.add_argument("--threads", type=int, default=0, help="0 = every core")
+    parser.add_argument("--precisions", default="bf16,fp32", help="nmt's, comma-separated")
     parser.add_argument("--skip", default="", help="comma list of systems to leave out")
     args = parser.parse_args()
-    print("command:", " ".join(["python", *sys.argv]))
-    threads = args.threads or usable_cpus()
+    args.precisions = [p for p in args.precisions.split(",") if p]
+    print("command:", shlex.join(["python", *sys.argv]))
+    layout = Layout.first(args.threads or len(usable_cores()))
+    threads = layout.n
     lines, refs = read_lines(args.test_src), read_lines(args.ref)
-    ckpt = load_checkpoint(args.model)
-    cfg = ckpt.model_config
     print(
-        f"{date.today()}, {platform.processor() or platform.machine()}, {threads} threads, "
-        f"torch {torch.__version__}; model {args.model} (step {ckpt.step}, "
-        f"{cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model {cfg.d_model}); "
+        f"{date.today()}, {platform.processor() or platform.machine()}, {threads} threads "
+        f"(every process pinned to cores {layout.cpu_list}), torch "
+        f"{importlib.metadata.version('torch')}; model {args.model}; "
         f"{len(lines)} test sentences, beam 4"
     )
     skip = set(filter(None, args.skip.split(",")))
     metric = sacrebleu.BLEU()
-    with tempfile.TemporaryDirectory() as tmp:
-        ct2_dir, hf_dir = Path(tmp) / "ct2", Path(tmp) / "hf"
-        export_model(ExportConfig(args.model, ct2_dir, "ctranslate2"))
-        export_model(ExportConfig(args.model, hf_dir, "huggingface"))
-        systems: dict[str, Callable[[], Decode]] = {
-            "nmt bf16": lambda: nmt_decoder(args.model, "bf16", threads),
-            "nmt fp32": lambda: nmt_decoder(args.model, "fp32", threads),
-            "ctranslate2 float32": lambda: ctranslate2_decoder(ct2_dir, "float32", threads),
-            "ctranslate2 int8": lambda: ctranslate2_decoder(ct2_dir, "int8", threads),
-            "transformers float32": lambda: transformers_decoder(hf_dir, threads),
-        }
-        rows = []
-        for name, make in systems.items():
+    rows = []
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        ct2_dir, hf_dir = tmp / "ct2", tmp / "hf"
+        print("export:", export(args.model, ct2_dir))
+        print("export:", export(args.model, hf_dir, to="huggingface"))
+        inputs = {128: tmp / "lines-all.txt", 1: tmp / "lines-single.txt"}
+        for batch, subset in ((128, lines), (1, lines[: args.single])):
+            inputs[batch].write_text("".join(line + "\n" for line in subset), encoding="utf-8")
+        for name, (script, model, flags) in systems(args, ct2_dir, hf_dir).items():
             if name in skip:
                 continue
-            decode = make()
-            batch_rate, texts = timed(decode, lines, 128)
+            rates, texts = {}, []
+            for batch, path in inputs.items():
+                output = tmp / "out.txt"
+                command = worker_command(
+                    script, model, path, output, batch=batch, threads=threads,
+                    warmup=max(8, batch * threads), **flags,
+                )  # fmt: skip
+                done = run_worker(command, output, layout)
+                report = done.report
+                rates[batch] = report["lines"] / report["seconds"]
+                texts = texts or done.outputs
+                print(f"  {done.command}\n  {done.describe()}")
             bleu = metric.corpus_score(texts, [refs]).score
-            single_rate, _ = timed(decode, lines[: args.single], 1)
-            rows.append((name, batch_rate, single_rate, bleu))
+            rows.append((name, rates[128], rates[1], bleu))
             print(
-                f"{name}: batch 128 {batch_rate:.1f} sent/s, batch 1 {single_rate:.1f} sent/s, "
+                f"{name}: batch 128 {rates[128]:.1f} sent/s, batch 1 {rates[1]:.1f} sent/s, "
                 f"sacreBLEU {bleu:.1f}",
                 flush=True,
             )

@@ -8,8 +8,8 @@ stdin a pipe, writes one line, waits until its translation comes back on stdout,
 then writes the next: the latency a program talking to the command sees. Beside it, in
 the same run: nmt's Translator in this process on one line at a time (batch 1, the
 command's default thread layout and precision), and CTranslate2 (exported with
-`nmt export`, see peer_ct2.py) on one line at a time with one thread, as nmt decodes one
-sentence. Prints median and 90th-percentile latency and lines/s. The first line of each
+`nmt export`, see peer_ct2.py) on one line at a time with one thread, in a process of
+its own pinned to one core (it never shares a process with PyTorch's threads). Prints median and 90th-percentile latency and lines/s. The first line of each
 system is a warm-up (loading, kernels) and is not counted.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from peer_ct2 import Ct2Decoder, export
+from peer_ct2 import export, one_line_at_a_time
 
 from nmt_cli.text_io import read_lines
 
@@ -113,10 +113,12 @@ def report(model: Path, lines: list[str], ct2_dirs: dict[str, Path]) -> list[Lat
         results.append(measure())
         print(" ", results[-1].describe(), flush=True)
     for compute_type, model_dir in ct2_dirs.items():
-        decoder = Ct2Decoder(model_dir, compute_type, inter_threads=1)
-        name = f"CTranslate2 {compute_type} in process, batch 1 (1 thread)"
-        results.append(one_at_a_time(name, lambda line, d=decoder: d.translate([line], 1), lines))
+        # CTranslate2 in a process of its own on one core, never beside PyTorch's threads.
+        seconds, command = one_line_at_a_time(model_dir, compute_type, lines)
+        name = f"CTranslate2 {compute_type}, its own process on 1 core, batch 1"
+        results.append(Latency(name, seconds))
         print(" ", results[-1].describe(), flush=True)
+        print(f"    {command}", flush=True)
     return results
 
 

@@ -1,288 +1,356 @@
-"""Decoding speed of `nmt translate` next to CTranslate2, in one run, and peak memory.
+"""Decoding speed of nmt next to CTranslate2, every system in a process of its own; memory.
 
     nmt run recipes/multi30k-en-de.toml          # a trained Multi30k EN-DE model
-    python bench/bench_translate.py DIR/test_2016_flickr.en.gz \\
-        --model runs/multi30k-en-de/average.pt --ref DIR/test_2016_flickr.de.gz
+    python bench/bench_translate.py [DIR/test_2016_flickr.en.gz] \\
+        --model runs/multi30k-en-de/average.pt [--ref DIR/test_2016_flickr.de.gz]
 
-(DIR: a local copy of Multi30k.) The model must be trained: decoding speed depends on
+(DIR: a local copy of Multi30k; by default the raw corpus beside the checkout,
+../shared/data/multi30k, source and reference.) The model must be trained: decoding speed depends on
 output lengths, and an untrained model runs every sentence to the length limit.
 
-A speed ratio counts only when both systems ran in the same run on the same machine, so
-the checkpoint is exported with `nmt export --to ctranslate2` (float32 and int8) into a
-temporary directory and CTranslate2 decodes the same sentences with the same settings
+The checkpoint is exported with `nmt export --to ctranslate2` (float32 and int8) into a
+temporary directory, and every system decodes the same sentences with the same settings
 (beam 4, alpha 0.6, at most |source| + 50 tokens; see peer_ct2.py for the two differences
-that remain) and the same SentencePiece model, at batch 128 (the test set) and batch 1
-(its first `--single` sentences), in two core layouts:
+that remain) and the same SentencePiece model. Each runs in a process of its own, one
+after another, pinned with taskset to the cores of the layout (peer_launch.py), as a
+reader comparing toolkits would run them; CTranslate2's never imports torch:
 
-- one core: nmt `set_threads(1, 1)`, CTranslate2 inter_threads=1, intra_threads=1;
-- all usable cores, N: nmt decodes N batches side by side, one thread each (what
-  `nmt translate` does by default), CTranslate2 inter_threads=N, intra_threads=1 with
-  its batches submitted asynchronously, so they run side by side too.
+- CT2 (peer_ct2.py): timed around SentencePiece encoding, `translate_batch` on the
+  batches nmt cuts, SentencePiece decoding; after a warm-up, model load and file I/O not
+  included.
+- nmt Translator (peer_nmt.py): nmt in process, timed around `Translator.translate` on
+  the same sentences: the same steps, after the same warm-up.
+- `nmt translate` (the command a user times): the wall time of the whole command on a
+  file of the sentences, less its start-up, measured as the median wall time of the same
+  command on an empty input (Python, imports, model load): reading, tokenizing, decoding,
+  detokenizing, writing, the start of its worker processes; no warm-up.
 
-Prints every row (sentences/s, target tokens/s, sacreBLEU at batch 128 with --ref, nmt's
-ratio to CTranslate2 in the same layout and batch: nmt fp32 and bf16 against float32,
-nmt int8 against int8), a table per layout, the latency of one line at a time
-(bench_interactive.py), and the peak resident memory of fresh `nmt translate` processes
-on the test set, on 20 copies of it and on a 200,000-line input with capped outputs.
-A precision the installed nmt refuses is skipped with a note.
+Layouts (`--layouts`, default: one core and every usable core): n cores, n batches side by
+side with one thread each (nmt `--threads n --workers n`, CTranslate2 inter_threads=n,
+intra_threads=1). Batch sizes (`--batches`, default 128 and 1): the test set, and at
+batch 1 its first `--single` sentences. Precisions: nmt `--precisions`, CTranslate2
+`--ct2`; nmt fp32 and bf16 are compared with CT2 float32, nmt int8 with CT2 int8.
+
+Prints every run as measured, then a table for each layout and batch size: sentences/s,
+target tokens/s, sacreBLEU of each system's output on the same sentences (with --ref),
+and each nmt measurement's ratio to its peer. `--rounds N` repeats every run N times, in
+turn; the tables give medians and each round's ratio (a round's systems ran minutes
+apart). Then the latency of one line at a time (bench_interactive.py for nmt;
+CTranslate2's worker on one core) and the peak resident memory of fresh `nmt translate`
+processes. A precision this nmt refuses fails its run, with nmt's message.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
+import importlib.metadata
+import os
 import platform
 import re
-import resource
-import subprocess
+import shlex
+import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-import torch
-from peer_ct2 import Ct2Decoder, Output, export
+from peer_ct2 import export
+from peer_launch import Layout, run_worker, time_command, usable_cores, worker_command
 
-from nmt_cli.config import DecodeConfig
-from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
-from nmt_cli.core.cpus import usable_cpus
-from nmt_cli.engines.translate.loading import set_threads
-from nmt_cli.engines.translate.translator import Translator
-from nmt_cli.errors import NmtError
 from nmt_cli.text_io import read_lines
 
-Decode = Callable[[list[str]], list[Output]]
+CORPUS = Path(__file__).resolve().parent.parent.parent / "shared/data/multi30k"
+# Variables that change how the systems' runtimes spread work, printed when set.
+THREAD_VARIABLES = {
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY",
+    "GOMP_CPU_AFFINITY", "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
+}  # fmt: skip
 # What each nmt precision is compared with: CTranslate2's nearest compute type.
 PEER_OF = {"fp32": "float32", "bf16": "float32", "int8": "int8"}
+INCLUDES = {
+    "CT2": "SentencePiece encoding, translate_batch, SentencePiece decoding, after a "
+    "warm-up of max(8, batch x cores) lines; model load and file I/O excluded",
+    "Translator": "Translator.translate: SentencePiece encoding, batching, beam search, "
+    "detokenization, after a warm-up of max(8, batch x cores) lines (which starts its "
+    "worker processes); model load and file I/O excluded",
+    "command": "the whole command on the input (reading, tokenizing, decoding, "
+    "detokenizing, writing, starting its worker processes; no warm-up) less its start-up: "
+    "the median of {startup} runs of the same command on an empty input (Python, imports, "
+    "model load)",
+}
 
 
 @dataclass(frozen=True)
-class Layout:
-    """`cores` batches decoded side by side, one thread each (1: everything on one core)."""
+class Measured:
+    """One system's run: what it took and produced, and how it was run."""
 
-    cores: int
+    seconds: float
+    outputs: list[str]
+    tokens: int | None  # target tokens of the best hypotheses; None: not known
+    command: str
+    details: str  # how the system decoded (threads, precision, pinning, torch loaded)
 
-    @property
-    def name(self) -> str:
-        return "1 core" if self.cores == 1 else f"{self.cores} cores"
 
-    def describe(self) -> str:
-        n = self.cores
-        return (
-            f"{self.name}: nmt set_threads({n}, {n}) ({n} batch(es) at once, 1 thread each); "
-            f"CTranslate2 inter_threads={n}, intra_threads=1"
-        )
+Run = Callable[[Layout, int, Path, Path], Measured]  # (layout, batch, lines, out dir)
+
+
+@dataclass(frozen=True)
+class System:
+    name: str  # "CT2 int8", "nmt int8 Translator", "nmt int8 command"
+    kind: str  # a key of INCLUDES
+    peer: str  # the CT2 system an nmt system is compared with ("" for CT2 itself)
+    run: Run
+    tokens_from: str = ""  # a system whose token count holds when the outputs are equal
 
 
 @dataclass(frozen=True)
 class Row:
-    system: str  # "nmt bf16", "CT2 int8"
+    system: System
     layout: Layout
     batch: int
-    sentences: int
-    seconds: float
-    tokens: int
-    bleu: float | None = None
+    turn: int  # the round, from 0
+    lines: int
+    measured: Measured
+    tokens: int | None
+    bleu: float | None
 
     @property
     def sent_s(self) -> float:
-        return self.sentences / self.seconds
+        return self.lines / self.measured.seconds
 
     @property
-    def tok_s(self) -> float:
-        return self.tokens / self.seconds
+    def tok_s(self) -> float | None:
+        return None if self.tokens is None else self.tokens / self.measured.seconds
 
 
-def nmt_decoder(ckpt: Checkpoint, precision: str, layout: Layout, batch: int) -> Decode:
-    """nmt's Translator as `nmt translate` builds it: NmtError (or a SettingError) when
-    this nmt does not know `precision`."""
-    cfg = DecodeConfig(precision=precision, batch_sentences=batch, device="cpu")  # type: ignore[arg-type]
-    _, workers = set_threads(layout.cores, layout.cores)
-    translator = Translator.from_checkpoint(ckpt, cfg, workers)
-
-    def decode(lines: list[str]) -> list[Output]:
-        out: list[Output] = []
-        for lo in range(0, len(lines), cfg.buffer_lines):  # the command's chunks
-            for r in translator.translate_chunk(lines[lo : lo + cfg.buffer_lines]):
-                out.append(Output(r.text, r.hypotheses[0].length if r.hypotheses else 0))
-        return out
-
-    return decode
+def warmup_lines(layout: Layout, batch: int) -> int:
+    """Enough lines for a batch on every core: nmt's worker processes start in the warm-up."""
+    return max(8, batch * layout.n)
 
 
-def ct2_decoder(model_dir: Path, compute_type: str, layout: Layout, batch: int) -> Decode:
-    decoder = Ct2Decoder(model_dir, compute_type, layout.cores)
-    return lambda lines: decoder.translate(lines, batch)
+def run_in_worker(script: str, model: Path, setting: str, value: str) -> Run:
+    """A system run by a worker script (peer_ct2.py, peer_nmt.py) with its own `--setting`."""
+
+    def run(layout: Layout, batch: int, lines: Path, out: Path) -> Measured:
+        output = out / f"{Path(script).stem}-{value}.txt"
+        command = worker_command(
+            script, model, lines, output, batch=batch, threads=layout.n,
+            warmup=warmup_lines(layout, batch), **{setting: value},
+        )  # fmt: skip
+        done = run_worker(command, output, layout)
+        report = done.report
+        return Measured(report["seconds"], done.outputs, report["tokens"], done.command,
+                        done.describe())  # fmt: skip
+
+    return run
 
 
-def timed(decode: Decode, lines: list[str], warmup: int = 8) -> tuple[float, list[Output]]:
-    """Seconds to decode `lines`, after a warm-up on the first `warmup` (kernels,
-    allocators, and nmt's worker processes: one batch each)."""
-    decode(lines[:warmup])
-    start = time.perf_counter()
-    outputs = decode(lines)
-    return time.perf_counter() - start, outputs
+def translate_command(model: Path, precision: str, layout: Layout, batch: int) -> list[str]:
+    """`nmt translate` as a user runs it, in the layout's threads (without -i, -o)."""
+    return [
+        sys.executable, "-m", "nmt_cli", "translate", "-m", str(model),
+        "--precision", precision, "--batch-size", str(batch),
+        "--threads", str(layout.n), "--workers", str(layout.n),
+    ]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Memory:
-    """Peak memory (MiB) of a command and the worker processes it starts."""
+def run_command(model: Path, precision: str, startup_runs: int) -> Run:
+    def run(layout: Layout, batch: int, lines: Path, out: Path) -> Measured:
+        command = translate_command(model, precision, layout, batch)
+        done = time_command(command, lines, out / "nmt-command.txt", layout, startup_runs)
+        startup = ", ".join(f"{s:.2f}" for s in done.startup)
+        own = re.search(r"translated [\d,]+ lines in ([\d.]+)s", done.stderr)
+        details = (
+            f"wall {done.wall:.2f}s, start-up {startup}s (median taken off); the command's "
+            f"own report of its reading, decoding and writing: "
+            f"{own.group(1) + 's' if own else 'not found'}"
+        )
+        return Measured(done.seconds, done.outputs, None, done.command, details)
 
-    largest: float  # the largest single process's peak resident set
-    rss: float  # the highest sum of the processes' resident sets, sampled
-    pss: float  # the same for proportional sets: pages shared by n processes count 1/n each
-    seconds: float
+    return run
 
 
-def _tree(pid: int) -> list[int]:
-    """`pid` and its descendants (Linux /proc)."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        for task in Path(f"/proc/{current}/task").glob("*/children"):
-            with contextlib.suppress(OSError):
-                todo += [int(c) for c in task.read_text().split()]
+def systems(args: argparse.Namespace, dirs: dict[str, Path]) -> list[System]:
+    """The peers first, so that every nmt row can print its ratio as it is measured."""
+    found = [
+        System(f"CT2 {c}", "CT2", "", run_in_worker("peer_ct2.py", d, "compute_type", c))
+        for c, d in dirs.items()
+    ]
+    for p in args.precisions:
+        peer = f"CT2 {PEER_OF.get(p, '')}"
+        peer = peer if peer.removeprefix("CT2 ") in dirs else ""
+        translator = f"nmt {p} Translator"
+        if "translator" not in args.skip:
+            run = run_in_worker("peer_nmt.py", args.model, "precision", p)
+            found.append(System(translator, "Translator", peer, run))
+        if "command" not in args.skip:
+            run = run_command(args.model, p, args.startup_runs)
+            found.append(System(f"nmt {p} command", "command", peer, run, translator))
     return found
 
 
-def _rollup(pid: int) -> tuple[float, float]:
-    """(Rss, Pss) of one process in MiB, (0, 0) once it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0.0, 0.0
-    fields = {line.split(":")[0]: float(line.split()[1]) for line in text.splitlines()[1:]}
-    return fields.get("Rss", 0.0) / 1024, fields.get("Pss", 0.0) / 1024
+def find(rows: list[Row], name: str, layout: Layout, batch: int, turn: int) -> Row | None:
+    key = (name, layout, batch, turn)
+    return next((r for r in rows if (r.system.name, r.layout, r.batch, r.turn) == key), None)
 
 
-def peak_memory(command: list[str]) -> Memory:
-    """Peak memory and wall time of a fresh subprocess and its workers, sampled every
-    0.1 s from /proc (a peak shorter than that can be missed)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    largest = rss = pss = 0.0
-    while proc.poll() is None:
-        sizes = [_rollup(p) for p in _tree(proc.pid)]
-        largest = max([largest, *(r for r, _ in sizes)])
-        rss, pss = max(rss, sum(r for r, _ in sizes)), max(pss, sum(p for _, p in sizes))
-        time.sleep(0.1)
-    seconds = time.perf_counter() - start
-    if proc.returncode:
-        assert proc.stderr is not None
-        raise SystemExit(f"{' '.join(command)} failed: {proc.stderr.read().decode().strip()}")
-    return Memory(largest, rss, pss, seconds)
-
-
-def speed(args: argparse.Namespace, lines: list[str], dirs: dict[str, Path]) -> list[Row]:
-    """Every system in every layout at batch 128 and batch 1; rows printed as measured."""
-    ckpt = load_checkpoint(args.model)
-    refs = read_lines(args.ref) if args.ref else None
-    cores = args.threads or usable_cpus()
-    layouts = [Layout(1)] + ([Layout(cores)] if cores > 1 else [])
-    for layout in layouts:
-        print("layout", layout.describe())
-    makers: dict[str, Callable[[Layout, int], Decode]] = {}
-    for compute_type, model_dir in dirs.items():  # peers first: nmt rows print their ratio
-        makers[f"CT2 {compute_type}"] = functools.partial(ct2_decoder, model_dir, compute_type)
-    for precision in args.precisions:
-        makers[f"nmt {precision}"] = functools.partial(nmt_decoder, ckpt, precision)
-    refused: set[str] = set()
-    rows: list[Row] = []
-    for layout in layouts:
-        for batch, subset in ((128, lines), (1, lines[: args.single])):
-            for system, make in makers.items():
-                if system in refused:
-                    continue
-                try:
-                    decode = make(layout, batch)
-                except (NmtError, ValueError) as exc:
-                    print(f"note: {system} skipped, this nmt refuses it: {exc}")
-                    refused.add(system)
-                    continue
-                seconds, outputs = timed(decode, subset, max(8, batch * layout.cores))
-                del decode
-                bleu = None
-                if refs is not None and batch == 128:
-                    import sacrebleu
-
-                    texts = [o.text for o in outputs]
-                    bleu = sacrebleu.corpus_bleu(texts, [refs[: len(subset)]]).score
-                tokens = sum(o.tokens for o in outputs)
-                row = Row(system, layout, batch, len(subset), seconds, tokens, bleu)
-                rows.append(row)
-                print(format_row(row, rows), flush=True)
-    return rows
-
-
-def find(rows: list[Row], system: str, layout: Layout, batch: int) -> Row | None:
-    return next((r for r in rows if (r.system, r.layout, r.batch) == (system, layout, batch)), None)
-
-
-def peer_row(row: Row, rows: list[Row]) -> Row | None:
-    """The CTranslate2 row an nmt row is compared with: same layout, batch, and precision."""
-    if not row.system.startswith("nmt "):
-        return None
-    peer = PEER_OF.get(row.system.removeprefix("nmt "), "")
-    return find(rows, f"CT2 {peer}", row.layout, row.batch)
+def ratio(row: Row, rows: list[Row]) -> float | None:
+    """nmt's sentences/s over its peer's, measured in the same round, layout and batch."""
+    peer = find(rows, row.system.peer, row.layout, row.batch, row.turn)
+    return row.sent_s / peer.sent_s if row.system.peer and peer else None
 
 
 def format_row(row: Row, rows: list[Row]) -> str:
+    tok_s = "-" if row.tok_s is None else f"{row.tok_s:,.0f}"
     text = (
-        f"{row.layout.name}, batch {row.batch}, {row.system}: {row.sent_s:.1f} sent/s, "
-        f"{row.tok_s:.0f} tok/s ({row.sentences} sentences in {row.seconds:.1f}s)"
+        f"round {row.turn + 1}, {row.layout.name}, batch {row.batch}, {row.system.name}: "
+        f"{row.sent_s:.1f} sent/s, {tok_s} tok/s ({row.lines} sentences in "
+        f"{row.measured.seconds:.2f}s)"
     )
     if row.bleu is not None:
         text += f", sacreBLEU {row.bleu:.1f}"
-    peer = peer_row(row, rows)
-    if peer is not None:
-        text += f"; {row.sent_s / peer.sent_s:.2f}x {peer.system}"
+    found = ratio(row, rows)
+    if found is not None:
+        text += f"; {found:.2f}x {row.system.peer}"
     return text
 
 
-def print_tables(rows: list[Row], systems: list[str]) -> None:
-    """A table of sentences/s, rows batch 128 / batch 1, one column per system."""
-    for layout in dict.fromkeys(r.layout for r in rows):
-        print(f"\n| {layout.name}, sentences/s | " + " | ".join(systems) + " |")
-        print("|---|" + "---:|" * len(systems))
-        for batch in (128, 1):
-            found = [find(rows, system, layout, batch) for system in systems]
-            cells = [f"{r.sent_s:.1f}" if r else "-" for r in found]
+def speed(args: argparse.Namespace, lines: list[str], dirs: dict[str, Path], tmp: Path) -> None:
+    """Every system, layout and batch size, `args.rounds` times; rows printed as measured,
+    then the tables."""
+    import sacrebleu
+
+    metric = sacrebleu.BLEU()
+    refs = read_lines(args.ref) if args.ref else None
+    layouts = [Layout.first(n) for n in args.layouts]
+    for layout in layouts:
+        print("layout", layout.describe())
+    inputs: dict[int, Path] = {}
+    for batch in args.batches:
+        subset = lines if batch > 1 else lines[: args.single]
+        inputs[batch] = tmp / f"lines-{len(subset)}.txt"
+        inputs[batch].write_text("".join(line + "\n" for line in subset), encoding="utf-8")
+    chosen = systems(args, dirs)
+    described: set[str] = set()
+    rows: list[Row] = []
+    for turn in range(args.rounds):
+        for layout in layouts:
+            for batch in args.batches:
+                n = len(inputs[batch].read_text(encoding="utf-8").splitlines())
+                for system in chosen:
+                    measured = system.run(layout, batch, inputs[batch], tmp)
+                    tokens = measured.tokens
+                    source = find(rows, system.tokens_from, layout, batch, turn)
+                    if tokens is None and source and source.measured.outputs == measured.outputs:
+                        tokens = source.tokens  # the same translations: the same tokens
+                    bleu = None
+                    if refs is not None:
+                        bleu = metric.corpus_score(measured.outputs, [refs[:n]]).score
+                    row = Row(system, layout, batch, turn, n, measured, tokens, bleu)
+                    if system.name not in described:
+                        described.add(system.name)
+                        includes = INCLUDES[system.kind].format(startup=args.startup_runs)
+                        print(f"{system.name}: timing includes {includes}")
+                    print(f"  {measured.command}\n  {measured.details}")
+                    if measured.seconds <= 0:  # left out of the tables
+                        print(f"{row.system.name}: no figure, its start-up varied by more "
+                              "than its decoding took", flush=True)  # fmt: skip
+                        continue
+                    rows.append(row)
+                    print(format_row(row, rows), flush=True)
+    if refs is not None:
+        print(f"sacreBLEU signature: {metric.get_signature()}")
+    shown = [s for s in chosen if s.kind != "CT2"] + [s for s in chosen if s.kind == "CT2"]
+    print_tables(rows, shown, layouts, args.batches)
+    print_summary(rows, shown, layouts, args.batches)
+
+
+def median_cell(values: list[float], digits: int) -> str:
+    return f"{statistics.median(values):,.{digits}f}" if values else "-"
+
+
+def print_tables(
+    rows: list[Row], chosen: list[System], layouts: list[Layout], batches: list[int]
+) -> None:
+    """One table a layout and batch size: medians over the rounds, every round's ratio."""
+    rounds = max(r.turn for r in rows) + 1 if rows else 0
+    for layout in layouts:
+        for batch in batches:
+            mine = [r for r in rows if (r.layout, r.batch) == (layout, batch)]
+            if not mine:
+                continue
+            what = "median of " + str(rounds) + " rounds" if rounds > 1 else "one round"
+            print(
+                f"\n| {layout.name}, batch {batch}, {mine[0].lines} sentences ({what}) "
+                "| sentences/s | tokens/s | sacreBLEU | nmt / peer (each round) |"
+            )
+            print("|---|---:|---:|---:|---|")
+            for system in chosen:
+                own = [r for r in mine if r.system.name == system.name]
+                ratios = [x for x in (ratio(r, rows) for r in own) if x is not None]
+                cells = [
+                    median_cell([r.sent_s for r in own], 1),
+                    median_cell([r.tok_s for r in own if r.tok_s is not None], 0),
+                    median_cell([r.bleu for r in own if r.bleu is not None], 1),
+                    (
+                        f"**{statistics.median(ratios):.2f}x** {system.peer} ("
+                        + ", ".join(f"{x:.2f}" for x in ratios)
+                        + ")"
+                        if ratios
+                        else ""
+                    ),
+                ]
+                print(f"| {system.name} | " + " | ".join(cells) + " |")
+
+
+def print_summary(
+    rows: list[Row], chosen: list[System], layouts: list[Layout], batches: list[int]
+) -> None:
+    """A table a layout, a row a batch size, the median sentences/s of every system; then
+    each nmt measurement's median ratio to its peer (BENCHMARKS.md's summary layout)."""
+    nmt = [s for s in chosen if s.peer]
+    for layout in layouts:
+        print(f"\n| {layout.name}, sentences/s | " + " | ".join(s.name for s in chosen) + " |")
+        print("|---|" + "---:|" * len(chosen))
+        for batch in batches:
+            cells = [
+                median_cell([r.sent_s for r in rows if (r.system, r.layout, r.batch) ==
+                             (s, layout, batch)], 1)
+                for s in chosen
+            ]  # fmt: skip
+            print(f"| batch {batch} | " + " | ".join(cells) + " |")
+        if not nmt:
+            continue
+        print(f"\n| {layout.name}, nmt / peer | " + " | ".join(
+            f"{s.name} / {s.peer}" for s in nmt) + " |")  # fmt: skip
+        print("|---|" + "---:|" * len(nmt))
+        for batch in batches:
+            cells = []
+            for s in nmt:
+                own = [r for r in rows if (r.system, r.layout, r.batch) == (s, layout, batch)]
+                ratios = [x for x in (ratio(r, rows) for r in own) if x is not None]
+                cells.append(f"{statistics.median(ratios):.2f}x" if ratios else "-")
             print(f"| batch {batch} | " + " | ".join(cells) + " |")
 
 
-def memory(args: argparse.Namespace, lines: list[str]) -> None:
-    """Peak RSS of fresh `nmt translate` processes (default settings) on growing inputs."""
-    base = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(args.model), "-q"]
-    print(f"\npeak resident memory of `nmt translate` (defaults), fresh processes: {base[2:]}")
-    # A build of the compiled module (after a source change) would be measured with it.
-    subprocess.run(base, input="warm-up\n", capture_output=True, text=True, check=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = [
-            (1, [], "full length"),
-            (args.uncapped_reps, [], "full length"),
-            (-(-args.memory_lines // len(lines)), ["--max-len-a", "0", "--max-len-b", "2"],
-             "outputs capped at 2 tokens, so it takes minutes, not an hour"),
-        ]  # fmt: skip
-        for reps, extra, note in runs:
-            if reps < 1:
-                continue
-            path = Path(tmp) / f"input-{reps}.txt"
-            with open(path, "w", encoding="utf-8") as fh:
-                for _ in range(reps):
-                    fh.write("\n".join(lines) + "\n")
-            command = [*base, "-i", str(path), *extra]
-            mem = peak_memory(command)
-            print(
-                f"  {reps * len(lines):,} lines ({note}): largest process {mem.largest:.0f} MiB, "
-                f"all processes {mem.rss:.0f} MiB resident / {mem.pss:.0f} MiB proportional, "
-                f"in {mem.seconds:.0f}s; extra flags: {' '.join(extra) or 'none'}",
-                flush=True,
-            )
+def interactive(args: argparse.Namespace, lines: list[str], dirs: dict[str, Path]) -> None:
+    """One line at a time: nmt through bench_interactive.py (the command as a server, the
+    Translator in this process), CTranslate2 through its worker on one core, one thread."""
+    from bench_interactive import report
+
+    report(args.model, lines, dirs)
+
+
+def cpu_flags() -> set[str]:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    found = re.search(r"^flags\s*:\s*(.+)$", info, re.MULTILINE)
+    return set(found.group(1).split()) if found else set()
 
 
 def cpu_model() -> str:
@@ -292,69 +360,108 @@ def cpu_model() -> str:
     except OSError:
         return platform.processor() or platform.machine()
     name = re.search(r"^model name\s*:\s*(.+)$", info, re.MULTILINE)
-    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.MULTILINE)
-    wanted = ("avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-    have = [f for f in wanted if flags and f in flags.group(1).split()]
-    return f"{name.group(1) if name else platform.machine()} ({', '.join(have) or 'no bf16/vnni'})"
+    wanted = ("avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+    have = [f for f in wanted if f in cpu_flags()]
+    return f"{name.group(1) if name else platform.machine()} ({', '.join(have) or 'no AVX-512'})"
+
+
+def cpu_notes(precisions: list[str]) -> list[str]:
+    """What this CPU lacks for the precisions asked, so that no one reads its figures as
+    those of a CPU that has it."""
+    flags, notes = cpu_flags(), []
+    if "bf16" in precisions and not {"avx512_bf16", "amx_bf16"} & flags:
+        notes.append("no AVX-512 BF16 or AMX: nmt bf16 is emulated here, far from its speed")
+    if "int8" in precisions and not {"avx512_vnni", "avx_vnni"} & flags:
+        notes.append("no VNNI: nmt int8 runs PyTorch's quantized kernels, not its own")
+    if "avx512f" not in flags:
+        notes.append("no AVX-512: nmt's packed bf16 and its AVX-512 kernels do not run here")
+    return notes
+
+
+def versions() -> str:
+    found = []
+    for package in ("torch", "ctranslate2", "sentencepiece", "sacrebleu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found.append(f"{package} {importlib.metadata.version(package)}")
+    return ", ".join(found)
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("test_src", type=Path, help="source side of the test set (gz)")
+    parser.add_argument(
+        "test_src", type=Path, nargs="?", help="source side of the test set (gz); default "
+        "test_2016_flickr.en.gz of ../shared/data/multi30k, with its .de.gz as --ref"
+    )  # fmt: skip
     parser.add_argument("--model", type=Path, required=True, help="a trained checkpoint")
     parser.add_argument("--ref", type=Path, help="reference (gz): sacreBLEU of every system")
     parser.add_argument(
         "--precisions", default="fp32,bf16,int8", help="nmt precisions, comma-separated"
     )
     parser.add_argument("--ct2", default="float32,int8", help="CTranslate2 exports to compare")
+    parser.add_argument("--batches", default="128,1", help="batch sizes, comma-separated")
     parser.add_argument("--single", type=int, default=300, help="sentences at batch 1")
-    parser.add_argument("--threads", type=int, default=0, help="cores of the wide layout; 0: all")
+    parser.add_argument(
+        "--layouts", default="", help="cores of each layout, comma-separated; default 1,all"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="every run this many times")
+    parser.add_argument(
+        "--startup-runs", type=int, default=3, help="runs of `nmt translate` on empty input"
+    )
     parser.add_argument("--interactive-lines", type=int, default=100)
     parser.add_argument("--memory-lines", type=int, default=200_000)
     parser.add_argument("--uncapped-reps", type=int, default=20, help="test set x N, full length")
-    parser.add_argument("--skip", default="", help="comma list: speed,interactive,memory")
+    parser.add_argument(
+        "--skip", default="", help="comma list: translator,command,speed,interactive,memory"
+    )
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 100 sentences, 30 at batch 1, less memory"
     )
     args = parser.parse_args()
+    if args.test_src is None:
+        args.test_src = CORPUS / "test_2016_flickr.en.gz"
+        args.ref = args.ref or CORPUS / "test_2016_flickr.de.gz"
     args.precisions = [p for p in args.precisions.split(",") if p]
     args.ct2 = [c for c in args.ct2.split(",") if c]
+    args.batches = int_list(args.batches)
+    all_cores = len(usable_cores())
+    args.layouts = int_list(args.layouts) or sorted({1, all_cores})
     args.skip = set(filter(None, args.skip.split(",")))
     return args
 
 
 def main() -> None:
     args = parse_args()
-    print("command:", " ".join(["python", *sys.argv]), flush=True)
+    print("command:", shlex.join(["python", *sys.argv]), flush=True)
     lines = read_lines(args.test_src)
     if args.quick:
         lines, args.single, args.interactive_lines = lines[:100], 30, 20
         args.uncapped_reps, args.memory_lines = 10, 10_000
-    ckpt = load_checkpoint(args.model)
-    cfg = ckpt.model_config
     print(
-        f"{date.today()}, {cpu_model()}, "
-        f"{usable_cpus()} usable cores, torch {torch.__version__}; model {args.model} (step "
-        f"{ckpt.step}, {cfg.encoder_layers}+{cfg.decoder_layers} layers, d_model "
-        f"{cfg.d_model}); {len(lines)} sentences; beam 4, alpha 0.6, max |src| + 50"
+        f"{date.today()}, {cpu_model()}, {len(usable_cores())} usable cores, Python "
+        f"{platform.python_version()}, {versions()}; model {args.model}; {len(lines)} "
+        "sentences; beam 4, alpha 0.6, max |src| + 50"
     )
-    del ckpt
-    with tempfile.TemporaryDirectory() as tmp:
-        dirs = {c: Path(tmp) / f"ct2-{c}" for c in args.ct2}
+    for note in cpu_notes(args.precisions):
+        print("note:", note)
+    threading = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k in THREAD_VARIABLES]
+    print("thread variables in the environment:", ", ".join(threading) or "none")
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        dirs = {c: tmp / f"ct2-{c}" for c in args.ct2}
         for compute_type, model_dir in dirs.items():
             print("export:", export(args.model, model_dir, compute_type), flush=True)
         if "speed" not in args.skip:
-            rows = speed(args, lines, dirs)
-            systems = [*(f"nmt {p}" for p in args.precisions), *(f"CT2 {c}" for c in dirs)]
-            print_tables(rows, systems)
+            speed(args, lines, dirs, tmp)
         if "interactive" not in args.skip:
-            from bench_interactive import report
-
-            report(args.model, lines[: args.interactive_lines], dirs)
+            interactive(args, lines[: args.interactive_lines], dirs)
     if "memory" not in args.skip:
-        memory(args, lines)
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"max RSS of this benchmark process: {own:.0f} MiB")
+        from bench_memory import report
+
+        report(args.model, lines, args.uncapped_reps, args.memory_lines)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ from nmt_cli.commands.attention import attention
 from nmt_cli.commands.average import average_checkpoints
 from nmt_cli.commands.common import fail
 from nmt_cli.commands.export import export
+from nmt_cli.commands.import_ import import_command
 from nmt_cli.commands.plot import plot
 from nmt_cli.commands.prepare import prepare_command
 from nmt_cli.commands.run import run
 from nmt_cli.commands.score import score
+from nmt_cli.commands.serve import serve
 from nmt_cli.commands.sweep import sweep
 from nmt_cli.commands.train import train
 from nmt_cli.commands.translate import translate
@@ -114,10 +116,12 @@ app.command("translate")(translate)
 app.command("average-checkpoints")(average_checkpoints)
 app.command("score")(score)
 app.command("export")(export)
+app.command("import")(import_command)
 app.command("run")(run)
 app.command("sweep")(sweep)
 app.command("attention")(attention)
 app.command("plot")(plot)
+app.command("serve")(serve)
 
 
 def main() -> None:

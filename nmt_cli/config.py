@@ -83,6 +83,10 @@ class TrainConfig:
     """The training procedure of section 5; defaults are the paper's base model."""
 
     run_dir: str = "runs/demo"
+    # Fine-tuning: start from the weights of this checkpoint (trained or `nmt import`ed)
+    # with a fresh optimizer and schedule; the checkpoint decides the architecture and
+    # the data must be encoded with its vocabulary (`nmt prepare --vocab-from`).
+    init_from: str = ""
     # The update's size in real tokens (no padding) of its larger side, as the paper counts
     # "approximately 25000 source tokens and 25000 target tokens" (section 5.1).
     batch_tokens: int = 25000

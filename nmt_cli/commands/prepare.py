@@ -76,6 +76,12 @@ def prepare_command(
     ),
     seed: int = typer.Option(1, "--seed", help="Seed of prepare's samples."),
     on_bad_utf8: str = on_bad_utf8_option(),
+    vocab_from: Path | None = typer.Option(
+        None,
+        "--vocab-from",
+        metavar="CHECKPOINT",
+        help="Fine-tuning: encode with a model's vocabulary.",
+    ),
     vocab_sample_lines: int = typer.Option(
         1_000_000,
         "--vocab-sample-lines",
@@ -100,6 +106,7 @@ def prepare_command(
       nmt prepare multi30k-en-de                  # downloads, checks SHA-256
       nmt prepare multi30k-en-de --from DIR       # the same files, offline
       nmt prepare --from DIR --src en --tgt de --out data/mine
+      nmt prepare --from DIR --src en --tgt de --vocab-from model.pt
     """  # fmt: skip
     from nmt_cli.commands.prepare_progress import StageProgress
     from nmt_cli.engines.prepare import PrepareConfig, prepare
@@ -126,6 +133,11 @@ def prepare_command(
             name = corpus or (f"{Path(source).name}-{src}-{tgt}" if source else f"{src}-{tgt}")
             out = Path("data") / name
         check_output_dir(out)
+        if vocab_from is not None and (vocab_size or not joint_vocab):
+            raise UsageError(
+                "--vocab-from takes the model's own vocabulary: drop --vocab-size and "
+                "--separate-vocab"
+            )
         if max_len_ratio is None:
             max_len_ratio = default_max_len_ratio(corpus)
         cfg = PrepareConfig(
@@ -135,7 +147,7 @@ def prepare_command(
             max_pairs=max_pairs, sample_max_pairs=sample, valid_split=valid_split,
             test_split=test_split, seed=seed, on_bad_utf8=on_bad_utf8,
             vocab_sample_lines=vocab_sample_lines, cache_dir=cache_dir, workers=workers,
-            force=force,
+            force=force, vocab_from=str(vocab_from or ""),
         )  # fmt: skip
         with StageProgress(err_console, enabled=not verbosity.quiet) as progress:
             result = prepare(cfg, progress)

@@ -32,6 +32,9 @@ def train(
         None, "--run-dir", help="Run directory; default: the recipe's train.run_dir."
     ),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=SET_HELP),
+    init: Path | None = typer.Option(
+        None, "--init", metavar="CHECKPOINT", help="Fine-tune: start from its weights."
+    ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Build the model, print a summary; touch no data."
     ),
@@ -44,6 +47,11 @@ def train(
     """Train the recipe's model on its data directory.
 
     The data directory is the recipe's data.dir, written by `nmt prepare`.
+
+    --init (train.init_from) fine-tunes a checkpoint, trained or imported: its
+    weights and architecture, the recipe's dropout, a fresh optimizer and
+    schedule. Its vocabulary must have encoded the data: see
+    nmt prepare --vocab-from.
 
     Rerunning the same command on a run directory resumes from checkpoints/last.pt.
     Ctrl-C (SIGINT) or SIGTERM saves checkpoints/last.pt and exits with 130 or 143, so
@@ -62,6 +70,9 @@ def train(
         if vocab_size is not None and vocab_size < 8:
             raise UsageError(f"--vocab-size must be at least 8, got {vocab_size}")
         cfg = recipe_from_cli(str(recipe), set_)
+        if init is not None:
+            train_cfg = dataclasses.replace(cfg.train, init_from=str(init))
+            cfg = dataclasses.replace(cfg, train=train_cfg)
         if dry_run:
             _dry_run(cfg, vocab_size or cfg.data.vocab_size)
             return

@@ -133,10 +133,10 @@ def translate(
 
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
-        cfg = _decode_config(
+        cfg = decode_config_of_flags(
             beam_size=beam, length_penalty=alpha, max_len_a=max_len_a, max_len_b=max_len_b,
             nbest=nbest, batch_sentences=batch_size, batch_tokens=batch_tokens,
-            precision=_precision(precision), device=device, threads=threads, workers=workers,
+            precision=precision_flag(precision), device=device, threads=threads, workers=workers,
             compiled_step=not python_step,
         )  # fmt: skip
         alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
@@ -162,7 +162,7 @@ def translate(
         info(report.summary(), verbosity)
 
 
-def _decode_config(**settings: object) -> DecodeConfig:
+def decode_config_of_flags(**settings: object) -> DecodeConfig:
     """The decoding settings, with a bad value reported under its flag (exit code 2)."""
     if settings["precision"] not in DECODE_PRECISIONS:
         raise UsageError(
@@ -175,5 +175,5 @@ def _decode_config(**settings: object) -> DecodeConfig:
         raise UsageError(f"{flag}{str(exc).removeprefix(exc.key)}") from None
 
 
-def _precision(value: str) -> DecodePrecision:
+def precision_flag(value: str) -> DecodePrecision:
     return value  # type: ignore[return-value]  # checked against the Literal above

@@ -3,7 +3,8 @@
 A checkpoint is a plain dictionary of tensors, numbers, strings and bytes:
 
     format        "nmt-checkpoint"
-    version       FORMAT_VERSION; a file from a later version is refused with a clear error
+    version       the lowest format version that can hold this file (`format_version`); a
+                  file from a later version than FORMAT_VERSION is refused with a clear error
     kind          "train" (with optimizer, schedule, RNG and data position) or "inference"
     nmt_version   the package version that wrote it
     model_config  the ModelConfig as a dict, so the model rebuilds without the recipe
@@ -13,6 +14,9 @@ A checkpoint is a plain dictionary of tensors, numbers, strings and bytes:
     recipe        the resolved recipe as a dict (or None)
     train_state   optimizer/RNG/data position, training checkpoints only
     meta          free-form numbers and strings (dev loss, averaged from, ...)
+    origin        where the weights came from, plain data or None (version 2): an import
+                  (`{"imported_from": "huggingface-marian", ...}`), or the checkpoint a
+                  fine-tuning run started from (`{"init_from": path, "origin": ...}`)
 
 Nothing in it is pickled code, so `torch.load(..., weights_only=True)` can load it and a
 file crafted to run code on load is refused.
@@ -37,7 +41,10 @@ from nmt_cli.errors import NmtError
 from nmt_cli.version import __version__
 
 FORMAT_NAME = "nmt-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the latest this nmt reads
+# Model settings version 1 could not say, with the value every version 1 file meant: a
+# version 1 reader would drop them from `model_config` and build another model.
+_SINCE_VERSION_2 = {"activation": "relu", "output_bias": False}
 
 CheckpointKind = Literal["train", "inference"]
 
@@ -56,6 +63,7 @@ class Checkpoint:
     recipe: dict[str, Any] | None = None
     train_state: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, Any] | None = None
 
     def build_model(self) -> Transformer:
         """The Transformer with these weights, in eval mode on the CPU."""
@@ -66,7 +74,7 @@ class Checkpoint:
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": format_version(self.model_config),
             "kind": self.kind,
             "nmt_version": __version__,
             "model_config": dataclasses.asdict(self.model_config),
@@ -76,7 +84,17 @@ class Checkpoint:
             "recipe": self.recipe,
             "train_state": self.train_state,
             "meta": self.meta,
+            "origin": self.origin,
         }
+
+
+def format_version(cfg: ModelConfig) -> int:
+    """The version a file of this model is written with: the lowest that describes it, so
+    that an older nmt still reads every checkpoint it can compute, and refuses (rather
+    than misreads) one it cannot. An `origin` alone needs no new version: older readers
+    skip a key they do not know, and the weights mean the same."""
+    newer = any(getattr(cfg, name) != old for name, old in _SINCE_VERSION_2.items())
+    return 2 if newer else 1
 
 
 def model_state(model: torch.nn.Module) -> dict[str, Tensor]:
@@ -185,6 +203,7 @@ def checkpoint_from_dict(raw: Any, path: str | Path = "<memory>") -> Checkpoint:
             recipe=raw.get("recipe"),
             train_state=raw.get("train_state"),
             meta=dict(raw.get("meta") or {}),
+            origin=raw.get("origin"),
         )
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{path}: incomplete nmt checkpoint ({exc})") from None

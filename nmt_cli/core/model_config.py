@@ -12,6 +12,10 @@ from typing import Literal
 from nmt_cli.core.settings import SettingError, at_least, fraction, one_of
 
 PositionKind = Literal["sinusoidal", "learned"]
+# The feed-forward's nonlinearity: the paper's ReLU (section 3.3), or SiLU (swish) and
+# exact GELU, which models trained elsewhere (OPUS-MT, fairseq) use.
+Activation = Literal["relu", "silu", "gelu"]
+ACTIVATIONS: tuple[Activation, ...] = ("relu", "silu", "gelu")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,10 @@ class ModelConfig:
     pad_id: int = 0
     share_embeddings: bool = True
     joint_vocab: bool = True  # one vocabulary for both sides; filled in from the data
+    activation: Activation = "relu"
+    # A learned bias on the pre-softmax projection: not the paper's (section 3.4 ties the
+    # projection to the embedding and adds nothing), but Marian's models have one.
+    output_bias: bool = False
 
     def __post_init__(self) -> None:
         at_least("model", self, 1, "encoder_layers", "decoder_layers", "d_model", "d_ff")
@@ -62,6 +70,7 @@ class ModelConfig:
                 f"{self.tgt_vocab_size} target pieces"
             )
         one_of("model", self, "positions", ("sinusoidal", "learned"))
+        one_of("model", self, "activation", ACTIVATIONS)
 
     @property
     def head_dim_k(self) -> int:

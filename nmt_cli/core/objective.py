@@ -69,7 +69,9 @@ class TrainingObjective(nn.Module):
     def forward(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, tokens: int
     ) -> tuple[Tensor, Tensor]:
-        if self.fused_projection:
+        # The fused loss projects through the tied matrix alone; a model with an output
+        # bias (imported from Marian) takes the unfused form, whose logits include it.
+        if self.fused_projection and self.model.output_bias is None:
             hidden = self._run(src, tgt_in, project=False)
             return projected_label_smoothed_sums(
                 hidden, self.model.output_weight, tgt_out, self.eps, self.pad_id, tokens

@@ -3,7 +3,9 @@
 Post-norm residual blocks `LayerNorm(x + Dropout(Sublayer(x)))`, multi-head attention
 through `scaled_dot_product_attention`, a ReLU feed-forward, sinusoidal (or learned)
 positions, and one embedding matrix shared by the source embedding, the target embedding
-and the pre-softmax projection (section 3.4), scaled by sqrt(d_model).
+and the pre-softmax projection (section 3.4), scaled by sqrt(d_model). Two settings
+beyond the paper let models trained elsewhere run unchanged: the feed-forward's
+activation (`ModelConfig.activation`) and a bias on the projection (`output_bias`).
 
 Shapes: B batch, S source length, T target length, D d_model, V vocabulary.
 Padding is always on the right, so the decoder's causal mask also hides target padding
@@ -13,7 +15,7 @@ from every real position; source padding is masked explicitly with a key mask.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -30,7 +32,7 @@ from nmt_cli.core.attention_kernels import (
 )
 from nmt_cli.core.cache import AttentionCache, DecoderCache, StepCache
 from nmt_cli.core.dropout import Dropout
-from nmt_cli.core.model_config import ModelConfig, PositionKind
+from nmt_cli.core.model_config import Activation, ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
 from nmt_cli.core.step_linear import linear, linear_add, linear_relu
 
@@ -222,22 +224,33 @@ class MultiHeadAttention(nn.Module):
         return ctx, weights
 
 
+ACTIVATION_FUNCTIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "silu": F.silu,  # x * sigmoid(x), "swish"
+    "gelu": F.gelu,  # the exact (erf) form
+}
+
+
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3), or another activation than max."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.relu_dropout = Dropout(cfg.relu_dropout)
+        self.activation = cfg.activation
+        self.act = ACTIVATION_FUNCTIONS[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.relu_dropout(F.relu(self.w1(x))))
+        return self.w2(self.relu_dropout(self.act(self.w1(x))))
 
     def step(self, x: Tensor) -> Tensor:
         """x + FFN(x) for decoding (no dropout), with the ReLU and the residual add fused
         into the products where the layers can."""
-        return linear_add(self.w2, linear_relu(self.w1, x), x)
+        if self.activation == "relu":
+            return linear_add(self.w2, linear_relu(self.w1, x), x)
+        return linear_add(self.w2, self.act(linear(self.w1, x)), x)
 
 
 class EncoderLayer(nn.Module):
@@ -332,6 +345,9 @@ class Transformer(nn.Module):
         self.tgt_embed = Embedding(tgt_tokens, cfg)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.output_bias = (
+            nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
+        )
         for name, p in self.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
@@ -396,8 +412,8 @@ class Transformer(nn.Module):
         return DecoderOutput(y, cross, own)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """(..., D) -> (..., V) through the tied output projection, no bias."""
-        return F.linear(hidden, self.output_weight)
+        """(..., D) -> (..., V) through the tied output projection (and `output_bias`)."""
+        return F.linear(hidden, self.output_weight, self.output_bias)
 
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
         """Teacher forcing: (B, S), (B, T) -> logits (B, T, V); with `project=False` the

@@ -200,4 +200,4 @@ def specialise_linears(
                 setattr(module, name, decode_only(child.weight, child.bias))
     tokens = model.get_submodule("tgt_embed.tokens")
     assert isinstance(tokens, nn.Embedding)
-    return decode_only(tokens.weight, None)
+    return decode_only(tokens.weight, getattr(model, "output_bias", None))

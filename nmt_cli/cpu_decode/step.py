@@ -90,7 +90,7 @@ def step_spec(
         projection=(
             linear_spec(projection)
             if projection is not None
-            else PlainLinearSpec(model.output_weight, None)
+            else PlainLinearSpec(model.output_weight, model.output_bias)
         ),
         module_log_softmax=module_log_softmax,
         layers=layers,

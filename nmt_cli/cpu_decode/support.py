@@ -3,11 +3,11 @@
 The packed linear layers and the log-softmax are single operations, right for any model.
 The compiled step (csrc/decoder_step.cpp) and the SlotCache's attention kernel are not:
 they repeat the decoder's structure (post-norm layers, full attention, a ReLU
-feed-forward, the tied projection). Every setting of core's `ModelConfig` is therefore
-declared here with the values they implement, and a model whose settings fall outside,
-or that has a setting this table does not know (one core gained later: an activation,
-an attention window), decodes on the reference step, with one notice, instead of
-silently computing another model.
+feed-forward, the tied projection and its optional bias). Every setting of core's
+`ModelConfig` is therefore declared here with the values they implement, and a model
+whose settings fall outside (a SiLU or GELU feed-forward), or that has a setting this
+table does not know (one core gains later: an attention window), decodes on the
+reference step, with one notice, instead of silently computing another model.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ SUPPORTED: dict[str, Callable[[Any], bool]] = {
     "pad_id": _any,
     "share_embeddings": _any,  # the projection is the target embedding either way
     "joint_vocab": _any,
+    "activation": lambda value: value == "relu",  # the step fuses ReLU into the product
+    "output_bias": _any,  # the projection is a linear layer with an optional bias
 }
 
 PRECISIONS = ("fp32", "bf16", "int8")

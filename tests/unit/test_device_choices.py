@@ -6,8 +6,8 @@ Compilation here is dynamo's graph capture (the "eager" backend: the model trace
 dynamic shapes, run as captured); test_gpu_step.py traces it through AOTAutograd too.
 Inductor's C++ code generation for even this 1-layer model takes minutes on a busy
 2-core machine (19-28 kernels at ~3 s each, measured), so the inductor run of the same
-test is asked for with NMT_TEST_INDUCTOR=1 (it passes at the same tolerance); on a GPU
-inductor generates Triton instead, which no CPU test reaches.
+test runs with NMT_TEST_INDUCTOR=1, which CI's `.ci/run` sets (it passes at the same
+tolerance); on a GPU inductor generates Triton instead, which no CPU test reaches.
 """
 
 from __future__ import annotations

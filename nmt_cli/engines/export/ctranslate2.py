@@ -7,7 +7,8 @@ path CTranslate2's own converters take; no binary is written by hand. How each p
 - Post-norm: `pre_norm=False`. CTranslate2 then applies each sublayer's LayerNorm after
   the residual add, LayerNorm(x + Sublayer(x)), as our layers do, and has no final norm.
   `layer_norm_epsilon` is set to torch's 1e-5 (CTranslate2's default differs).
-- ReLU feed-forward: `activation=RELU`; w1 -> ffn.linear_0, w2 -> ffn.linear_1.
+- Feed-forward: `activation` RELU, SWISH (silu) or GELU (exact, erf) as
+  `model.activation` says; w1 -> ffn.linear_0, w2 -> ffn.linear_1.
 - Attention: our fused projections have CTranslate2's layout already. Self-attention's
   `qkv` rows are [Q; K; V], each h heads of d_k contiguous rows, which is what
   `linear[0]` of a CTranslate2 self-attention holds; cross-attention's `q` is `linear[0]`
@@ -18,7 +19,7 @@ path CTranslate2's own converters take; no binary is written by hand. How each p
   vocabulary is joint (the spec's `optimize` stores it once and aliases the others);
   with separate vocabularies the source matrix is separate and the target one still
   doubles as the projection. `scale_embeddings` multiplies by sqrt(d_model) as we do.
-  The projection has no bias, as ours.
+  The projection has no bias, as ours, unless the model has `model.output_bias`.
 - Never generated: nmt's search masks <pad> and <s> after the softmax. CTranslate2 has no
   such rule; a trained model gives them almost no probability, so they are not generated
   in practice, and the scores stay exactly ours. (A logit bias would enforce it but
@@ -48,6 +49,8 @@ from nmt_cli.engines.export.output import all_pieces, write_sentencepiece
 from nmt_cli.errors import NmtError, UsageError
 from nmt_cli.optional import require
 
+# model.activation -> CTranslate2's Activation (its GELU is the exact, erf, form).
+_ACTIVATIONS = {"relu": "RELU", "silu": "SWISH", "gelu": "GELU"}
 QUANTIZATIONS = (
     "float32",
     "int8",
@@ -105,12 +108,14 @@ def build_spec(ckpt: Checkpoint) -> Any:
         (cfg.encoder_layers, cfg.decoder_layers),
         cfg.n_heads,
         pre_norm=False,
-        activation=specs.common_spec.Activation.RELU,
+        activation=getattr(specs.common_spec.Activation, _ACTIVATIONS[cfg.activation]),
     )
     positions = _positions(ckpt)
     _set_embedding_side(spec.encoder, weights["src_embed.tokens.weight"], positions["src"])
     _set_embedding_side(spec.decoder, weights["tgt_embed.tokens.weight"], positions["tgt"])
     spec.decoder.projection.weight = _np(weights["tgt_embed.tokens.weight"])
+    if cfg.output_bias:
+        spec.decoder.projection.bias = _np(weights["output_bias"])
     for i, layer in enumerate(spec.encoder.layer):
         p = f"encoder.{i}."
         _set_attention(layer.self_attention, weights, p + "self_attn.", ["qkv"], p + "norm1")

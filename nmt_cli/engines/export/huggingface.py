@@ -2,10 +2,12 @@
 
 MarianMT is the paper's Transformer as transformers implements it: post-norm layers
 (LayerNorm after each residual add, eps 1e-5, no final norm), sinusoidal positions,
-token embeddings scaled by sqrt(d_model) (`scale_embedding`), a ReLU feed-forward
-(`activation_function="relu"`), and one embedding matrix shared by the encoder, the
-decoder and the output projection (`share_encoder_decoder_embeddings`, tied `lm_head`),
-with a `final_logits_bias` we leave at zero. What needs care:
+token embeddings scaled by sqrt(d_model) (`scale_embedding`), a feed-forward with
+`model.activation` (`activation_function` "relu", "silu" or "gelu"), and one embedding
+matrix shared by the encoder, the decoder and the output projection
+(`share_encoder_decoder_embeddings`, tied `lm_head`), with a `final_logits_bias` that is
+`model.output_bias` or zero. `nmt import --from huggingface` is the inverse
+(engines/importing/huggingface_marian.py). What needs care:
 
 - Positions. Marian's sinusoid table puts sin in the first half of the dimensions and
   cos in the second; ours interleaves them (sin on even, cos on odd, the paper's
@@ -108,7 +110,7 @@ def marian_config(ckpt: Checkpoint) -> Any:
         decoder_attention_heads=cfg.n_heads,
         encoder_ffn_dim=cfg.d_ff,
         decoder_ffn_dim=cfg.d_ff,
-        activation_function="relu",
+        activation_function=cfg.activation,  # transformers' "gelu" is the erf form
         dropout=cfg.dropout,
         attention_dropout=cfg.attention_dropout,
         activation_dropout=cfg.relu_dropout,
@@ -137,7 +139,11 @@ def marian_state(ckpt: Checkpoint) -> dict[str, Tensor]:
         "model.encoder.embed_tokens.weight": src,
         "model.decoder.embed_tokens.weight": tgt,
         "lm_head.weight": tgt,
-        "final_logits_bias": torch.zeros(1, cfg.tgt_vocab_size),
+        "final_logits_bias": (
+            w["output_bias"].float().reshape(1, -1)
+            if cfg.output_bias
+            else torch.zeros(1, cfg.tgt_vocab_size)
+        ),
     }
     if cfg.three_way_tying:
         out["model.shared.weight"] = tgt

@@ -48,6 +48,7 @@ class PrepareConfig:
     seed: int = 1
     on_bad_utf8: str = "error"
     vocab_sample_lines: int = 1_000_000  # lines SentencePiece trains on, at most
+    vocab_from: str = ""  # a checkpoint whose own vocabulary encodes the corpus (fine-tuning)
     cache_dir: str = ""  # datasets cache; does not change the result
     workers: int = 0  # encoding processes, 0 = one per core; does not change the result
     force: bool = False
@@ -99,11 +100,13 @@ class PrepareConfig:
         # refuse_other_heldout): `--test-split test_2016_flickr` and no option pick the same
         # file in Multi30k
         skip = {"out", "cache_dir", "workers", "force", "vocab_size", "source", "files"}
-        skip |= {"valid_split", "test_split"}
+        skip |= {"valid_split", "test_split", "vocab_from"}
         out = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip
         }
         out["source"] = str(Path(self.source).resolve()) if self.source else ""
+        if self.vocab_from:  # only then: directories made before it was a setting still match
+            out["vocab_from"] = str(Path(self.vocab_from).resolve())
         out["files"] = [
             [s, str(Path(a).resolve()), str(Path(b).resolve())] for s, a, b in self.files
         ]

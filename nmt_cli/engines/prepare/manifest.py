@@ -63,7 +63,8 @@ def write_manifest(inputs: ManifestInputs, layout: Layout, progress: Progress) -
                 "tgt_model": vocabulary.tgt_model,
                 "joint": vocabulary.joint,
                 "size": inputs.settings["vocab_size"],
-                "type": "sentencepiece-bpe",
+                # a model's own (--vocab-from) may be any SentencePiece model
+                "type": "sentencepiece" if "vocab_from" in inputs.settings else "sentencepiece-bpe",
                 "sample_pairs": vocabulary.sample_pairs,
                 "character_coverage": cleaned.character_coverage,
             },

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from nmt_cli.data_dir import MANIFEST, open_data_dir
 from nmt_cli.dir_lock import DirLock
@@ -27,8 +27,16 @@ from nmt_cli.engines.prepare.presets import preset_names
 from nmt_cli.engines.prepare.progress import STAGES, Progress, StageEvent, no_progress
 from nmt_cli.engines.prepare.sources import Corpus, resolve_corpus
 from nmt_cli.engines.prepare.state import PrepareState, refuse_other_heldout, refuse_other_settings
-from nmt_cli.engines.prepare.vocabulary import VocabInputs, build_vocabulary
+from nmt_cli.engines.prepare.vocabulary import (
+    VocabInputs,
+    build_vocabulary,
+    model_vocabulary,
+    write_vocabulary,
+)
 from nmt_cli.errors import NmtError
+
+if TYPE_CHECKING:
+    from nmt_cli.core.vocab import VocabPair
 
 
 @dataclass(frozen=True)
@@ -71,19 +79,37 @@ def prepare(cfg: PrepareConfig, progress: Progress | None = None) -> PrepareResu
     layout = Layout(Path(cfg.out))
     if cfg.preset and cfg.preset not in preset_names():
         resolve_corpus(cfg.source_request())  # raises the "unknown corpus" error
+    cfg, model_vocab = _with_model_vocabulary(cfg)
     if layout.out.exists() and not layout.out.is_dir():
         raise NmtError(f"{layout.out}: exists and is not a directory; choose another --out")
     created = not layout.out.exists()
     try:
         with DirLock(layout.lock_file, "nmt prepare", "--out"):
-            return _prepare_locked(cfg, layout, progress or no_progress)
+            return _prepare_locked(cfg, layout, progress or no_progress, model_vocab)
     except NmtError:
         if created:  # nothing of value was made: leave no directory behind
             shutil.rmtree(layout.out, ignore_errors=True)
         raise
 
 
-def _prepare_locked(cfg: PrepareConfig, layout: Layout, progress: Progress) -> PrepareResult:
+def _with_model_vocabulary(cfg: PrepareConfig) -> tuple[PrepareConfig, VocabPair | None]:
+    """With --vocab-from, the checkpoint's vocabulary, and the settings that describe it
+    (its size, joint or not) in place of the ones a learned vocabulary would have."""
+    if not cfg.vocab_from:
+        return cfg, None
+    vocab = model_vocabulary(cfg.vocab_from)
+    size = max(len(vocab.src), len(vocab.tgt))
+    if cfg.vocab_size not in (0, size) or (vocab.joint and not cfg.joint_vocab):
+        raise NmtError(
+            f"--vocab-from {cfg.vocab_from} gives the model's own vocabulary ({size:,} pieces, "
+            f"{'joint' if vocab.joint else 'separate'}): drop --vocab-size and --separate-vocab"
+        )
+    return dataclasses.replace(cfg, vocab_size=size, joint_vocab=vocab.joint), vocab
+
+
+def _prepare_locked(
+    cfg: PrepareConfig, layout: Layout, progress: Progress, model_vocab: VocabPair | None
+) -> PrepareResult:
     settings = cfg.settings()
     reports = _Reports(progress)
     if (layout.out / MANIFEST).is_file() and not cfg.force:
@@ -99,7 +125,7 @@ def _prepare_locked(cfg: PrepareConfig, layout: Layout, progress: Progress) -> P
     if state is None:
         state = PrepareState(layout.state_file, settings)
         state.save()
-    return _run_stages(cfg, layout, state, corpus, reports)
+    return _run_stages(cfg, layout, state, corpus, reports, model_vocab)
 
 
 def _resume(cfg: PrepareConfig, layout: Layout, settings: dict[str, Any]) -> PrepareState | None:
@@ -130,6 +156,7 @@ def _run_stages(
     state: PrepareState,
     corpus: Corpus | None,
     reports: _Reports,
+    model_vocab: VocabPair | None = None,
 ) -> PrepareResult:
     """Each stage not recorded as done runs, and its result is recorded at once."""
     progress = reports.progress
@@ -139,7 +166,11 @@ def _run_stages(
     )  # fmt: skip
     vocabulary = _once(
         "vocab", state.vocabulary, state, reports,
-        lambda: build_vocabulary(_vocab_inputs(cfg, cleaned), layout, progress),
+        lambda: (
+            write_vocabulary(model_vocab, layout)
+            if model_vocab is not None
+            else build_vocabulary(_vocab_inputs(cfg, cleaned), layout, progress)
+        ),
     )  # fmt: skip
     todo = {split: cleaned.kept(split) for split in cleaned.splits if split not in state.binarized}
     if todo:

@@ -4,6 +4,10 @@ The paper encodes sentences "using byte-pair encoding, which has a shared source
 vocabulary of about 37000 tokens" (section 5.1): one model learned on both sides, which is
 the default here (`joint`); `--separate-vocab` learns one model per language instead.
 
+With `--vocab-from CHECKPOINT` nothing is learned: the model's own SentencePiece models
+are written instead, so that a corpus for fine-tuning is cut into the pieces, and numbered
+with the ids, that the model was trained (or imported) with.
+
 SentencePiece keeps every sentence it is given in memory, so a 36M-pair corpus must not
 reach it whole: a seeded sample of line numbers (drawn once, sorted) is read back from the
 cleaned text in one streaming pass. SentencePiece is told not to sample again, so the
@@ -16,7 +20,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sentencepiece as spm
@@ -26,6 +30,9 @@ from nmt_cli.core.vocab import train_sentencepiece
 from nmt_cli.engines.prepare.layout import SIDES, Layout
 from nmt_cli.engines.prepare.progress import Progress, step
 from nmt_cli.errors import NmtError
+
+if TYPE_CHECKING:  # reading a checkpoint imports torch: only with --vocab-from
+    from nmt_cli.core.vocab import VocabPair
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,23 @@ def build_vocabulary(inputs: VocabInputs, layout: Layout, progress: Progress) ->
             files.append(name)
             work.advance(len(chosen))
     return Vocabulary(tuple(files), len(chosen))
+
+
+def model_vocabulary(path: str) -> VocabPair:
+    """The vocabulary inside a checkpoint (any kind nmt writes or imports)."""
+    from nmt_cli.core.checkpoint import load_checkpoint
+
+    return load_checkpoint(path).vocab
+
+
+def write_vocabulary(vocab: VocabPair, layout: Layout) -> Vocabulary:
+    """The vocab stage of `--vocab-from`: the model's SentencePiece models, as they are."""
+    if vocab.joint:
+        atomic_write_bytes(layout.out / "spm.model", vocab.src.model_proto)
+        return Vocabulary(("spm.model",), 0)
+    for side, proto in zip(SIDES, (vocab.src.model_proto, vocab.tgt.model_proto), strict=True):
+        atomic_write_bytes(layout.out / f"spm.{side}.model", proto)
+    return Vocabulary(tuple(f"spm.{side}.model" for side in SIDES), 0)
 
 
 def sample_indices(n: int, k: int, seed: int) -> np.ndarray:

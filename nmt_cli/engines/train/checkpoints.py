@@ -85,9 +85,11 @@ class CheckpointKeeper:
         vocab: VocabPair,
         recipe: dict[str, Any],
         keep_last: int,
+        origin: dict[str, Any] | None = None,
     ) -> None:
         self.run = run
         self.model_config, self.vocab, self.recipe = model_config, vocab, recipe
+        self.origin = origin  # where the starting weights came from (fine-tuning)
         self.keep_last = keep_last
         existing = run.step_checkpoints()
         self.newest_step_file: Path | None = existing[-1] if existing else None
@@ -99,6 +101,7 @@ class CheckpointKeeper:
             model=weights,
             step=step,
             recipe=self.recipe,
+            origin=self.origin,
         )
 
     def save_step(

@@ -160,6 +160,12 @@ class _Trainer:
         self.model.set_attention_backend(self.choices.attention_backend)
         if resume is not None:
             self.model.load_state_dict(resume.model)
+        elif plan.init is not None:  # fine-tuning: its weights, a fresh optimizer and schedule
+            self.model.load_state_dict(plan.init.take().model)
+            if ctx.is_main:
+                reporter.notice(
+                    f"fine-tuning from {plan.init.path}: a fresh optimizer and schedule"
+                )
         self.optimizer = paper_adam(
             self.model.parameters(), (tc.adam_beta1, tc.adam_beta2), tc.adam_eps
         )
@@ -175,7 +181,7 @@ class _Trainer:
             if ctx.is_main:
                 run.truncate_metrics(self.pos.step)
         self.keeper = CheckpointKeeper(
-            run, self.cfg, self.data.vocab, recipe.to_dict(), tc.keep_last
+            run, self.cfg, self.data.vocab, recipe.to_dict(), tc.keep_last, plan.origin
         )
         self.clock = TrainingClock(self.pos.elapsed_s)
         self.device_rate = matmul_rate(ctx.device, dtype_of(self.precision))

@@ -2,15 +2,19 @@
 
 `plan_training` sizes the recipe's model for the data directory's vocabulary and, when a
 previous run left `checkpoints/last.pt`, loads it and checks that it can be resumed here
-(same model, same vocabulary, same data). The plan is handed to every rank, so no rank
-opens the data directory, builds the model configuration or loads the checkpoint again.
-It is a frozen dataclass of picklable parts: ranks spawned on this machine receive it.
+(same model, same vocabulary, same data). A fine-tuning run (`train.init_from`) takes
+its model from the checkpoint it starts from instead: the architecture is the
+checkpoint's, with the recipe's dropout, and the data must be encoded with the
+checkpoint's vocabulary; resuming it is resuming any run. The plan is handed to every
+rank, so no rank opens the data directory, builds the model configuration or loads a
+checkpoint again. It is a frozen dataclass of picklable parts: ranks spawned on this
+machine receive it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,13 @@ from nmt_cli.data_dir import PreparedData
 from nmt_cli.engines.train.checkpoints import check_resumable
 from nmt_cli.engines.train.data_record import refuse_other_data
 from nmt_cli.engines.train.run_dir import RunDir
+from nmt_cli.errors import NmtError
+
+# Settings of training alone, which a fine-tuning recipe chooses for itself; every other
+# model setting is the architecture, which the starting checkpoint decides.
+TRAINING_ONLY = ("dropout", "attention_dropout", "relu_dropout")
+# Settings filled in from the vocabulary, which is the checkpoint's too.
+FROM_VOCABULARY = ("src_vocab_size", "tgt_vocab_size", "pad_id", "joint_vocab")
 
 
 def model_config_for(recipe: RecipeConfig, vocab: VocabPair) -> ModelConfig:
@@ -36,8 +47,45 @@ def model_config_for(recipe: RecipeConfig, vocab: VocabPair) -> ModelConfig:
     )
 
 
+def model_config_from(recipe: RecipeConfig, start: ModelConfig, path: Path) -> ModelConfig:
+    """The model a fine-tuning run trains: `start` (the configuration of the checkpoint it
+    starts or resumes from) with the recipe's dropout. A recipe setting of the
+    architecture that is neither the default nor the checkpoint's contradicts it."""
+    default = ModelConfig()
+    clashes = [
+        f"model.{item.name} = {mine!r} (the checkpoint's is {theirs!r})"
+        for item in fields(ModelConfig)
+        if item.name not in TRAINING_ONLY + FROM_VOCABULARY
+        and (mine := getattr(recipe.model, item.name)) != (theirs := getattr(start, item.name))
+        and mine != getattr(default, item.name)
+    ]
+    if clashes:
+        raise NmtError(
+            f"train.init_from {path}: the recipe's model contradicts the checkpoint's: "
+            + "; ".join(clashes)
+            + ". Fine-tuning keeps the checkpoint's architecture: remove these settings"
+        )
+    return dataclasses.replace(
+        start, **{name: getattr(recipe.model, name) for name in TRAINING_ONLY}
+    )
+
+
+def check_init_vocabulary(start: Checkpoint, vocab: VocabPair, path: Path, data: Path) -> None:
+    """The data must be encoded with the starting checkpoint's own vocabulary."""
+    if (start.vocab.src.model_proto, start.vocab.tgt.model_proto) != (
+        vocab.src.model_proto,
+        vocab.tgt.model_proto,
+    ):
+        raise NmtError(
+            f"train.init_from {path}: the data directory {data} was encoded with another "
+            f"vocabulary than the checkpoint's; prepare it with the model's own: "
+            f"nmt prepare ... --vocab-from {path}"
+        )
+
+
 class Resume:
-    """The checkpoint a rerun continues from, loaded and checked once.
+    """A checkpoint a run starts from (the one a rerun continues, or the weights a
+    fine-tuning run begins with), loaded and checked once.
 
     A rank's trainer takes it once (`take`), and the holder lets go of it then, so the
     weights and optimizer state read from disk are not kept beside the live ones for the
@@ -65,18 +113,30 @@ class TrainPlan:
     data: PreparedData
     model_config: ModelConfig  # the recipe's model sized for the data's vocabulary
     resume: Resume | None  # None: a fresh run
+    init: Resume | None = None  # a fresh fine-tuning run: the weights it starts from
+    origin: dict[str, Any] | None = None  # where the weights came from, for checkpoints
 
 
 def plan_training(recipe: RecipeConfig, data: PreparedData, run: RunDir) -> TrainPlan:
     """The plan of `recipe` (already reconciled with `data`) in `run`. Refuses to resume
     a run directory whose last checkpoint was trained with another model, vocabulary or
-    data; call it under the run directory's lock, so that the checkpoint read is the one
-    resumed."""
-    cfg = model_config_for(recipe, data.vocab)
-    resume = None
+    data, and to fine-tune on data encoded with another vocabulary than the starting
+    checkpoint's; call it under the run directory's lock, so that the checkpoint read is
+    the one resumed."""
+    init_from = Path(recipe.train.init_from) if recipe.train.init_from else None
     if run.last.is_file():
         checkpoint = load_checkpoint(run.last)
+        cfg = model_config_for(recipe, data.vocab)
+        if init_from is not None:
+            cfg = model_config_from(recipe, checkpoint.model_config, init_from)
         check_resumable(checkpoint, cfg, data.vocab, run.last)
         refuse_other_data(run, data)
         resume = Resume(run.last, checkpoint)
-    return TrainPlan(recipe, run.root, data, cfg, resume)
+        return TrainPlan(recipe, run.root, data, cfg, resume, origin=checkpoint.origin)
+    if init_from is None:
+        return TrainPlan(recipe, run.root, data, model_config_for(recipe, data.vocab), None)
+    start = load_checkpoint(init_from)
+    cfg = model_config_from(recipe, start.model_config, init_from)
+    check_init_vocabulary(start, data.vocab, init_from, data.root)
+    origin = {"init_from": str(init_from), "step": start.step, "origin": start.origin}
+    return TrainPlan(recipe, run.root, data, cfg, None, Resume(init_from, start), origin)

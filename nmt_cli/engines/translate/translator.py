@@ -28,7 +28,7 @@ from nmt_cli.core.checkpoint import Checkpoint
 from nmt_cli.core.ensemble import Ensemble, Member
 from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
 from nmt_cli.core.search import Hypothesis, Searchable, beam_search, greedy_search
-from nmt_cli.core.vocab import VocabPair
+from nmt_cli.core.vocab import UNK_ID, VocabPair
 from nmt_cli.engines.models import ModelPaths, beam_advance, build_decoder, load_checkpoints
 from nmt_cli.engines.translate.alignment import format_alignment, hard_alignment
 from nmt_cli.engines.translate.chunks import chunked
@@ -214,14 +214,19 @@ class Translator:
         for chunk in chunked(lines, self.cfg.buffer_lines):
             yield from self.translate_chunk(chunk, attention)
 
-    def translate_chunk(self, lines: Sequence[str], attention: bool = False) -> list[Translation]:
-        """One chunk: `lines` sorted by length into batches together, results in their order."""
+    def translate_chunk(
+        self, lines: Sequence[str], attention: bool = False, batch_sentences: int | None = None
+    ) -> list[Translation]:
+        """One chunk: `lines` sorted by length into batches together, results in their order.
+        `batch_sentences` caps a batch below the configured size (a server cuts a small
+        chunk into one batch per worker)."""
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
         ids = [x[: self.max_source] for x in ids]
         hyps: list[list[Hypothesis]] = [[] for _ in lines]
         order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
-        batches = list(length_batches(order, ids, self.batch_sentences, self.cfg.batch_tokens))
+        size = min(self.batch_sentences, batch_sentences or self.batch_sentences)
+        batches = list(length_batches(order, ids, size, self.cfg.batch_tokens))
 
         rows = [[ids[i] for i in batch] for batch in batches]
         if self.workers > 1 and len(batches) > 1:
@@ -279,6 +284,15 @@ class Translator:
         # Widths in steps of 8 (masked padding): few distinct shapes for oneDNN to build
         # kernels for, as with the batch sizes in search.batch_bucket.
         return pad_sources(rows, multiple=8).to(self.device)
+
+    def start_workers(self) -> None:
+        """Start the worker processes now, each decoding one short sentence, instead of at
+        the first chunk of several batches. A server calls this before it starts any
+        thread: the workers are forked, and a process forked while another thread holds a
+        lock (the allocator's, a queue's) can wait for it forever."""
+        if self.workers > 1:
+            probe = self.vocab.src.encode(["a"])[0][:1] or [UNK_ID]
+            self._workers().map([[probe]] * self.workers, False)
 
     def _workers(self) -> DecodePool:
         """The pool that decodes `workers` batches at once, made on first use (forked

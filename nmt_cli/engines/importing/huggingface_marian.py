@@ -1,0 +1,466 @@
+"""Import a transformers MarianMT directory (OPUS-MT, Tatoeba, or `nmt export`'s own).
+
+The exact inverse of `nmt export --to huggingface` (engines/export/huggingface.py), and
+of what transformers' MarianMT computes for any directory it accepts, with every
+difference mapped or refused by name:
+
+- Layers. MarianMT is post-norm (LayerNorm after each residual add, eps 1e-5, no final
+  norm), as nmt is. Its config.json may carry BART-era keys (`normalize_before`,
+  `normalize_embedding`, `add_final_layer_norm`, `static_position_embeddings`) that its
+  code ignores; a value claiming another model than the one it computes is refused,
+  since the weights' meaning is then in doubt. Encoder and decoder must have the same
+  heads and feed-forward size, the embeddings must be scaled by sqrt(d_model), and the
+  output projection must be the decoder embedding (`tie_word_embeddings`).
+- Activation. relu, swish / silu and gelu (exact) become `model.activation`.
+- Positions. Marian's sinusoids are ours with the d_model coordinates permuted (sin half,
+  cos half); every d_model axis of every weight is permuted back.
+- Vocabulary. MarianTokenizer cuts text with source.spm / target.spm and numbers the
+  pieces by vocab.json (one table for both sides unless `separate_vocabs`); a piece the
+  table lacks is <unk>. nmt numbers pieces by their SentencePiece position, so each
+  SentencePiece model is rewritten with its pieces in the model's order (spm_proto.py),
+  nmt's pad, unk, <s>, </s> first, and the embedding rows gathered to match:
+  - source: the source.spm pieces, each with its vocab.json row (<unk>'s where absent);
+  - target: every id of the decoder's table, so the output distribution is the
+    original's over the same entries; target.spm pieces the table lacks are dropped
+    (they could never be output; encoding target text for fine-tuning then splits them).
+  Marian starts decoding from <pad>; the imported <s> is <pad>'s row with an output bias
+  BOS_BIAS_GAP lower (common.py), so nmt's distributions equal Marian's.
+  One SentencePiece model and one table for both sides give one nmt vocabulary and one
+  embedding matrix (section 3.4's three-way tie); otherwise the source gets its own.
+- `final_logits_bias` becomes `model.output_bias` when it is not zero.
+- Multilingual models whose table holds target-language tokens (>>fra<<) are refused:
+  nmt has no place for the token MarianTokenizer cuts off the front of a sentence.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt_cli.core.model_config import Activation, ModelConfig
+from nmt_cli.core.vocab import BOS_ID, PAD_ID, VocabPair
+from nmt_cli.engines.export.huggingface import marian_permutation
+from nmt_cli.engines.importing.common import (
+    BOS_BIAS_GAP,
+    Imported,
+    ImportRefused,
+    build_checkpoint,
+    read_json,
+    unpermute,
+)
+from nmt_cli.engines.importing.spm_proto import (
+    CONTROL,
+    UNKNOWN,
+    UNUSED,
+    Piece,
+    ProtoError,
+    SentencePieceModel,
+)
+from nmt_cli.optional import require
+
+WHERE = "--from huggingface"
+ACTIVATIONS: dict[str, Activation] = {"relu": "relu", "swish": "silu", "silu": "silu"}
+ACTIVATIONS["gelu"] = "gelu"  # transformers' "gelu" is the exact (erf) form
+# config.json keys MarianMT's code ignores, and the value that agrees with what it computes.
+IGNORED_KEYS = {
+    "normalize_before": False,
+    "normalize_embedding": False,
+    "add_final_layer_norm": False,
+    "static_position_embeddings": True,
+}
+_LANGUAGE_TOKEN = re.compile(r"^>>.+<<$")
+
+
+def refuse(message: str) -> ImportRefused:
+    return ImportRefused(f"{WHERE}: {message}")
+
+
+@dataclass(frozen=True)
+class SideVocab:
+    """One side's vocabulary in nmt's ids, and the imported row of each id."""
+
+    proto: bytes
+    rows: list[int]  # nmt id -> row of the imported embedding (and of final_logits_bias)
+
+
+@dataclass(frozen=True)
+class MarianIds:
+    """The decoder's special ids (config.json, generation_config.json) and their text,
+    by which the source side finds its own (its table may number them otherwise)."""
+
+    pad: int
+    eos: int
+    unk: int
+    start: int  # decoder_start_token_id
+    text: dict[int, str]  # the decoder table's id -> piece
+
+
+def import_marian(model_dir: Path, languages: tuple[str, str] = ("", "")) -> Imported:
+    """The MarianMT model in `model_dir` as an nmt checkpoint (see the module docstring)."""
+    if not model_dir.is_dir():
+        raise refuse(f"{model_dir}: not a directory (a transformers model directory)")
+    config = read_json(model_dir / "config.json", "the model's configuration")
+    tokenizer = _optional_json(model_dir / "tokenizer_config.json")
+    generation = _optional_json(model_dir / "generation_config.json")
+    _check_architecture(config)
+    notes: list[str] = []
+    weights = _read_weights(model_dir)
+    encoder_vocab = _read_table(model_dir / "vocab.json")
+    separate = bool(tokenizer.get("separate_vocabs", False))
+    decoder_vocab = _read_table(model_dir / "target_vocab.json") if separate else encoder_vocab
+    for table in (encoder_vocab, decoder_vocab):
+        codes = [piece for piece in table if _LANGUAGE_TOKEN.match(piece)]
+        if codes:
+            raise refuse(
+                f"a multilingual model (target-language tokens such as {codes[0]}): nmt "
+                "cannot put the token before each sentence as MarianTokenizer does"
+            )
+    ids = _special_ids(config, tokenizer, generation, encoder_vocab, decoder_vocab)
+    source_spm = _read_spm(model_dir / "source.spm")
+    target_spm = _read_spm(model_dir / "target.spm")
+    target = _target_side(target_spm, decoder_vocab, ids, notes)
+    source = _source_side(source_spm, encoder_vocab, ids, notes)
+    embeddings = _embeddings(config, weights)
+    joint = (
+        source_spm == target_spm
+        and encoder_vocab == decoder_vocab
+        and torch.equal(embeddings[0], embeddings[1])
+        and set(encoder_vocab) >= {p.text for p in source_spm.pieces if p.kind != UNKNOWN}
+    )
+    if joint:
+        source = target  # one vocabulary: the three-way tie of section 3.4
+    bias = _output_bias(weights, target.rows, ids, notes)
+    cfg = ModelConfig(
+        encoder_layers=int(config["encoder_layers"]),
+        decoder_layers=int(config["decoder_layers"]),
+        d_model=int(config["d_model"]),
+        d_ff=int(config["encoder_ffn_dim"]),
+        n_heads=int(config["encoder_attention_heads"]),
+        dropout=float(config.get("dropout", 0.1)),
+        attention_dropout=float(config.get("attention_dropout", 0.0)),
+        relu_dropout=float(config.get("activation_dropout", 0.0)),
+        positions="sinusoidal",
+        max_positions=int(config.get("max_position_embeddings", 1024)),
+        src_vocab_size=len(source.rows),
+        tgt_vocab_size=len(target.rows),
+        pad_id=PAD_ID,
+        share_embeddings=True,
+        joint_vocab=joint,
+        activation=ACTIVATIONS[str(config.get("activation_function", "gelu"))],
+        output_bias=bias is not None,
+    )
+    state = _layers(weights, cfg)
+    perm = marian_permutation(cfg.d_model)
+    _, cols = unpermute(perm)
+    state["src_embed.tokens.weight"] = cols(embeddings[0][source.rows])
+    state["tgt_embed.tokens.weight"] = cols(embeddings[1][target.rows])
+    if bias is not None:
+        state["output_bias"] = bias
+    vocab = VocabPair.from_protos(source.proto, target.proto)
+    origin = {
+        "imported_from": "huggingface-marian",
+        "directory": model_dir.name,
+        "name_or_path": str(config.get("_name_or_path", "")),
+        "transformers_version": str(config.get("transformers_version", "")),
+        "notes": list(notes),
+    }
+    checkpoint = build_checkpoint(cfg, vocab, state, _languages(languages, tokenizer), origin)
+    return Imported(checkpoint, tuple(notes))
+
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    return read_json(path, "") if path.is_file() else {}
+
+
+def _languages(given: tuple[str, str], tokenizer: dict[str, Any]) -> tuple[str, str]:
+    src = given[0] or str(tokenizer.get("source_lang") or "")
+    tgt = given[1] or str(tokenizer.get("target_lang") or "")
+    return src, tgt
+
+
+def _check_architecture(config: dict[str, Any]) -> None:
+    """Refuse, by name, every setting that makes MarianMT compute another model than
+    nmt's Transformer."""
+    kind = config.get("model_type")
+    if kind != "marian":
+        raise refuse(f"config.json has model_type {kind!r}; only MarianMT ('marian') imports")
+    required = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads")
+    missing = [key for key in (*required, "encoder_ffn_dim") if key not in config]
+    if missing:
+        raise refuse(f"config.json lacks {', '.join(missing)}")
+    for ours, theirs in (
+        ("encoder_attention_heads", "decoder_attention_heads"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ):
+        if config.get(theirs, config[ours]) != config[ours]:
+            raise refuse(
+                f"{ours} = {config[ours]} but {theirs} = {config[theirs]}: nmt's encoder "
+                "and decoder layers have one size"
+            )
+    if int(config["d_model"]) % int(config["encoder_attention_heads"]):
+        raise refuse("d_model is not a multiple of the attention heads")
+    activation = config.get("activation_function", "gelu")
+    if activation not in ACTIVATIONS:
+        known = ", ".join(sorted(ACTIVATIONS))
+        raise refuse(f"activation_function {activation!r}: nmt implements {known}")
+    if not config.get("scale_embedding", False):
+        raise refuse(
+            "scale_embedding is false: nmt scales embeddings by sqrt(d_model) (section "
+            "3.4), and its output projection is the same matrix, so unscaled embeddings "
+            "cannot be mapped"
+        )
+    if not config.get("tie_word_embeddings", True):
+        raise refuse(
+            "tie_word_embeddings is false: nmt's output projection is the decoder's "
+            "embedding matrix (section 3.4)"
+        )
+    for key, computed in IGNORED_KEYS.items():
+        if key in config and bool(config[key]) != computed:
+            raise refuse(
+                f"config.json sets {key} = {config[key]!r}, which transformers' MarianMT "
+                f"ignores (it computes {key} = {computed}): which model the weights "
+                "belong to is unclear"
+            )
+
+
+def _read_weights(model_dir: Path) -> dict[str, Tensor]:
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    if single.is_file() or index.is_file():
+        st = require("safetensors.torch", purpose=f"nmt import {WHERE}")
+        files = (
+            [single]
+            if single.is_file()
+            else sorted({model_dir / f for f in read_json(index, "")["weight_map"].values()})
+        )
+        weights: dict[str, Tensor] = {}
+        for path in files:
+            weights.update(st.load_file(str(path)))
+        return weights
+    legacy = model_dir / "pytorch_model.bin"
+    if legacy.is_file():
+        try:
+            loaded = torch.load(legacy, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise refuse(f"{legacy}: not loadable as weights only ({exc})") from None
+        return dict(loaded)
+    raise refuse(f"{model_dir}: no model.safetensors or pytorch_model.bin")
+
+
+def _read_table(path: Path) -> dict[str, int]:
+    table = read_json(path, "MarianTokenizer's piece -> id table")
+    if not all(isinstance(v, int) for v in table.values()):
+        raise refuse(f"{path}: ids must be integers")
+    ids = sorted(table.values())
+    if ids != list(range(len(ids))):
+        raise refuse(f"{path}: ids are not 0..{len(ids) - 1}, each once")
+    return {str(k): int(v) for k, v in table.items()}
+
+
+def _read_spm(path: Path) -> SentencePieceModel:
+    try:
+        return SentencePieceModel.parse(path.read_bytes())
+    except FileNotFoundError:
+        raise refuse(f"{path}: missing (MarianTokenizer's SentencePiece model)") from None
+    except (ProtoError, UnicodeDecodeError) as exc:
+        raise refuse(f"{path}: not a SentencePiece model ({exc})") from None
+
+
+def _special_ids(
+    config: dict[str, Any],
+    tokenizer: dict[str, Any],
+    generation: dict[str, Any],
+    encoder_vocab: dict[str, int],
+    decoder_vocab: dict[str, int],
+) -> MarianIds:
+    def one(name: str, value: Any) -> int:
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise refuse(f"{name} must be one token id, got {value!r}")
+        return value
+
+    pad = one("pad_token_id", config.get("pad_token_id"))
+    eos = one("eos_token_id", config.get("eos_token_id"))
+    start = one(
+        "decoder_start_token_id",
+        generation.get("decoder_start_token_id", config.get("decoder_start_token_id", pad)),
+    )
+    unk_piece = _token_text(tokenizer.get("unk_token", "<unk>"))
+    if unk_piece not in decoder_vocab:
+        raise refuse(f"the unknown token {unk_piece!r} is not in the vocabulary")
+    unk = decoder_vocab[unk_piece]
+    for name, value in (("pad", pad), ("eos", eos), ("decoder start", start)):
+        if not 0 <= value < len(decoder_vocab):
+            raise refuse(f"the {name} id {value} is outside the vocabulary")
+    if len({pad, eos, unk}) != 3:
+        raise refuse(f"pad {pad}, eos {eos} and unk {unk} must be three different ids")
+    text = {i: piece for piece, i in decoder_vocab.items()}
+    for i in (pad, eos, unk):
+        if text[i] not in encoder_vocab:
+            raise refuse(f"the special token {text[i]!r} is not in the source vocabulary")
+    return MarianIds(pad, eos, unk, start, text)
+
+
+def _token_text(token: Any) -> str:
+    """A tokenizer_config.json token: a string, or an AddedToken's dict with "content"."""
+    return str(token.get("content", "")) if isinstance(token, dict) else str(token)
+
+
+def _specials(names: dict[int, str]) -> list[Piece]:
+    """nmt's ids 0..3 (pad, unk, <s>, </s>), named as the imported tables name them."""
+    return [
+        Piece(names[0], 0.0, CONTROL),
+        Piece(names[1], 0.0, UNKNOWN),
+        Piece(names[2], 0.0, CONTROL),
+        Piece(names[3], 0.0, CONTROL),
+    ]
+
+
+def _target_side(
+    spm: SentencePieceModel, table: dict[str, int], ids: MarianIds, notes: list[str]
+) -> SideVocab:
+    """Every id of the decoder's table, in its order after nmt's four specials."""
+    text = ids.text
+    own_start = ids.start != ids.pad
+    bos_text = text[ids.start] if own_start else "<s>"
+    if not own_start and bos_text in table:
+        raise refuse(f"the decoder starts from pad, yet {bos_text!r} is a token of its own")
+    special = {ids.pad: PAD_ID, ids.unk: 1, ids.start: BOS_ID, ids.eos: 3}
+    rows = [ids.pad, ids.unk, ids.start, ids.eos]
+    pieces = _specials({0: text[ids.pad], 1: text[ids.unk], 2: bos_text, 3: text[ids.eos]})
+    known = spm.index()
+    unused = 0
+    for marian_id in range(len(text)):
+        if marian_id in special:
+            continue
+        piece = known.get(text[marian_id])
+        if piece is None or piece.kind in (CONTROL, UNKNOWN):
+            unused += 1
+            piece = Piece(text[marian_id], 0.0, UNUSED)
+        pieces.append(piece)
+        rows.append(marian_id)
+    table_pieces = set(table)
+    dropped = [p for p in spm.pieces if p.kind not in (CONTROL, UNKNOWN)]
+    dropped = [p for p in dropped if p.text not in table_pieces]
+    if not own_start:
+        notes.append(
+            f"Marian starts decoding from {text[ids.pad]!r}; nmt's <s> is a copy of it "
+            f"whose output bias is {BOS_BIAS_GAP:g} lower (probability ~1e-13 of it)"
+        )
+    if unused:
+        notes.append(
+            f"{unused} output tokens are not pieces of target.spm: kept (decoded as their "
+            "text), never produced when encoding target text"
+        )
+    if dropped:
+        notes.append(
+            f"{len(dropped)} pieces of target.spm are not in the vocabulary and can never "
+            "be output: dropped, so encoding target text for fine-tuning splits them"
+        )
+    return SideVocab(spm.with_pieces(pieces), rows)
+
+
+def _source_side(
+    spm: SentencePieceModel, table: dict[str, int], ids: MarianIds, notes: list[str]
+) -> SideVocab:
+    """The source.spm pieces after nmt's four specials, each with its table row."""
+    bos_text = ids.text[ids.start] if ids.start != ids.pad else "<s>"
+    names = {0: ids.text[ids.pad], 1: ids.text[ids.unk], 2: bos_text, 3: ids.text[ids.eos]}
+    pieces = _specials(names)
+    pad, unk, eos = (table[names[i]] for i in (0, 1, 3))
+    rows = [pad, unk, table.get(bos_text, pad), eos]  # <s> never enters the encoder
+    taken = set(names.values())
+    absent = 0
+    for piece in spm.pieces:
+        if piece.kind in (CONTROL, UNKNOWN) or piece.text in taken:
+            continue
+        pieces.append(piece)
+        row = table.get(piece.text)
+        absent += row is None
+        rows.append(unk if row is None else row)
+    if absent:
+        notes.append(
+            f"{absent} pieces of source.spm are not in vocab.json: they read as "
+            "<unk>, as MarianTokenizer reads them"
+        )
+    return SideVocab(spm.with_pieces(pieces), rows)
+
+
+def _embeddings(config: dict[str, Any], weights: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """(encoder, decoder) embedding matrices; the decoder's is also the output projection."""
+    shared = weights.get("model.shared.weight")
+    encoder = weights.get("model.encoder.embed_tokens.weight", shared)
+    share = bool(config.get("share_encoder_decoder_embeddings", True))
+    decoder = weights.get("model.decoder.embed_tokens.weight", shared if share else None)
+    if encoder is None or decoder is None:
+        raise refuse("the weights lack the embedding matrices")
+    head = weights.get("lm_head.weight")
+    if head is not None and not torch.equal(head, decoder):
+        raise refuse("lm_head differs from the decoder embedding: nmt ties them (section 3.4)")
+    return encoder.float(), decoder.float()
+
+
+def _output_bias(
+    weights: dict[str, Tensor], rows: list[int], ids: MarianIds, notes: list[str]
+) -> Tensor | None:
+    """`final_logits_bias` in nmt's target ids; None where the model needs none."""
+    marian = weights.get("final_logits_bias")
+    marian = torch.zeros(len(ids.text)) if marian is None else marian.float().reshape(-1)
+    if marian.numel() != len(ids.text):
+        raise refuse(f"final_logits_bias has {marian.numel()} entries, not {len(ids.text)}")
+    nonzero = bool(marian.any())
+    if not nonzero and ids.start != ids.pad:
+        return None
+    bias = marian[rows].clone()
+    if ids.start == ids.pad:
+        bias[BOS_ID] = marian[ids.pad] - BOS_BIAS_GAP
+    if nonzero:
+        notes.append("final_logits_bias becomes the output projection's bias")
+    return bias
+
+
+def _layers(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """Every layer's weights under nmt's names, the d_model axes permuted back."""
+    rows, cols = unpermute(marian_permutation(cfg.d_model))
+    out: dict[str, Tensor] = {}
+
+    def get(name: str) -> Tensor:
+        try:
+            return weights[name]
+        except KeyError:
+            raise refuse(f"the weights lack {name}") from None
+
+    def attention(ours: str, theirs: str, fused: dict[str, str]) -> None:
+        for name, parts in fused.items():
+            ws = [cols(get(f"{theirs}.{p}_proj.weight")) for p in parts]
+            out[f"{ours}.{name}.weight"] = torch.cat(ws)
+            out[f"{ours}.{name}.bias"] = torch.cat([get(f"{theirs}.{p}_proj.bias") for p in parts])
+        out[f"{ours}.out.weight"] = rows(get(f"{theirs}.out_proj.weight"))
+        out[f"{ours}.out.bias"] = rows(get(f"{theirs}.out_proj.bias"))
+
+    def ffn_and_norms(ours: str, theirs: str, norms: dict[str, str]) -> None:
+        out[f"{ours}.ffn.w1.weight"] = cols(get(f"{theirs}.fc1.weight"))
+        out[f"{ours}.ffn.w1.bias"] = get(f"{theirs}.fc1.bias")
+        out[f"{ours}.ffn.w2.weight"] = rows(get(f"{theirs}.fc2.weight"))
+        out[f"{ours}.ffn.w2.bias"] = rows(get(f"{theirs}.fc2.bias"))
+        for our_norm, their_norm in norms.items():
+            out[f"{ours}.{our_norm}.weight"] = rows(get(f"{theirs}.{their_norm}.weight"))
+            out[f"{ours}.{our_norm}.bias"] = rows(get(f"{theirs}.{their_norm}.bias"))
+
+    for i in range(cfg.encoder_layers):
+        ours, theirs = f"encoder.{i}", f"model.encoder.layers.{i}"
+        attention(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
+        ffn_and_norms(ours, theirs, {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"})
+    for i in range(cfg.decoder_layers):
+        ours, theirs = f"decoder.{i}", f"model.decoder.layers.{i}"
+        attention(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
+        attention(f"{ours}.cross_attn", f"{theirs}.encoder_attn", {"q": "q", "kv": "kv"})
+        norms = {"norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm"}
+        ffn_and_norms(ours, theirs, {**norms, "norm3": "final_layer_norm"})
+    return out

@@ -1,0 +1,196 @@
+"""Batching across requests: one queue and one decoding thread per model.
+
+A request's sentences go on the model's queue as one `Job` with its decoding options, its
+deadline and a future. The decoding thread takes the first job, waits up to `gather_s` for
+more (or until `max_batch` sentences wait), takes jobs in arrival order up to `max_batch`
+sentences, and decodes those that share options together: one call of `decode` with all
+their sentences, which sorts them by length into batches as `nmt translate` does. Each
+job's future then gets its own results, in its own order. The event loop never decodes:
+it only puts jobs on the queue and awaits their futures.
+
+Memory stays bounded: the queue holds at most `queue_sentences` sentences (a request that
+would pass it is refused with `QueueFull` at once, never parked), a job whose deadline has
+passed when it is taken is answered `DeadlineExceeded` undecoded, and a job its client
+gave up on is taken off the queue (`withdraw`) before it costs any decoding.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from nmt_cli.engines.serve.metrics import Metrics
+
+if TYPE_CHECKING:
+    from nmt_cli.engines.translate.translator import Translation
+
+
+@dataclass(frozen=True)
+class Options:
+    """The decoding choices a request may make; jobs that share them decode together."""
+
+    beam: int
+    nbest: int
+    alignment: bool = False
+    attention: bool = False
+
+
+@dataclass(eq=False)
+class Job:
+    sentences: list[str]
+    options: Options
+    deadline: float  # time.monotonic() after which its answer is no longer wanted
+    arrived: float = field(default_factory=time.monotonic)
+    future: Future[list[Translation]] = field(default_factory=Future)
+
+
+class QueueFull(Exception):
+    """The queue cannot take a request's sentences now; the client should retry later."""
+
+
+class DeadlineExceeded(Exception):
+    """A job's deadline passed before its decoding started; it was dropped."""
+
+
+class Stopping(Exception):
+    """The server is stopping and decodes no new work."""
+
+
+Decode = Callable[[list[str], Options], "list[Translation]"]
+
+
+class Batcher:
+    """A model's queue and the thread that decodes it (see the module's docstring)."""
+
+    def __init__(
+        self,
+        pair: str,
+        decode: Decode,
+        metrics: Metrics,
+        queue_sentences: int,
+        max_batch: int,
+        gather_s: float,
+    ) -> None:
+        self.pair, self.decode, self.metrics = pair, decode, metrics
+        self.limit, self.max_batch, self.gather_s = queue_sentences, max_batch, gather_s
+        self._jobs: deque[Job] = deque()
+        self._queued = 0  # sentences in _jobs
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"nmt-serve-{pair}", daemon=True)
+
+    @property
+    def queued(self) -> int:
+        """Sentences waiting now."""
+        with self._cond:
+            return self._queued
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, wait_s: float) -> bool:
+        """Decode nothing new; jobs still queued get `Stopping`. Waits up to `wait_s` for
+        the batch being decoded; returns whether the thread ended."""
+        with self._cond:
+            self._stopping = True
+            left = list(self._jobs)
+            self._jobs.clear()
+            self._queued = 0
+            self._cond.notify_all()
+        for job in left:
+            if job.future.set_running_or_notify_cancel():
+                job.future.set_exception(Stopping())
+            self.metrics.dropped(self.pair, "stopping", len(job.sentences))
+        if self._thread.is_alive():
+            self._thread.join(wait_s)
+        return not self._thread.is_alive()
+
+    def submit(self, sentences: list[str], options: Options, timeout_s: float) -> Job:
+        """Queue `sentences`; raises QueueFull (nothing queued) or Stopping."""
+        with self._cond:
+            if self._stopping:
+                raise Stopping()
+            if self._queued + len(sentences) > self.limit:
+                raise QueueFull()
+            job = Job(sentences, options, time.monotonic() + timeout_s)
+            self._jobs.append(job)
+            self._queued += len(sentences)
+            self._cond.notify_all()
+        return job
+
+    def withdraw(self, job: Job, reason: str) -> bool:
+        """Take `job` off the queue if its decoding has not started; returns whether it
+        was still queued (then it costs nothing more)."""
+        with self._cond:
+            try:
+                self._jobs.remove(job)
+            except ValueError:
+                return False
+            self._queued -= len(job.sentences)
+        job.future.cancel()
+        self.metrics.dropped(self.pair, reason, len(job.sentences))
+        return True
+
+    def _run(self) -> None:
+        while (jobs := self._take()) is not None:
+            groups: dict[Options, list[Job]] = {}
+            for job in jobs:
+                groups.setdefault(job.options, []).append(job)
+            for options, group in groups.items():
+                self._decode(options, group)
+
+    def _take(self) -> list[Job] | None:
+        """The next jobs to decode (possibly none, when all had expired); None: stop."""
+        with self._cond:
+            while not self._jobs and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            gathered = self._jobs[0].arrived + self.gather_s
+            while self._queued < self.max_batch and not self._stopping:
+                left = gathered - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            now, sentences = time.monotonic(), 0
+            taken: list[Job] = []
+            expired: list[Job] = []
+            while self._jobs:
+                job = self._jobs[0]
+                if taken and sentences + len(job.sentences) > self.max_batch:
+                    break
+                self._jobs.popleft()
+                self._queued -= len(job.sentences)
+                if job.deadline <= now:
+                    expired.append(job)
+                elif job.future.set_running_or_notify_cancel():  # False: cancelled
+                    taken.append(job)
+                    sentences += len(job.sentences)
+        for job in expired:
+            if job.future.set_running_or_notify_cancel():  # False: its client cancelled it
+                job.future.set_exception(DeadlineExceeded())
+            self.metrics.dropped(self.pair, "timeout", len(job.sentences))
+        return taken
+
+    def _decode(self, options: Options, jobs: list[Job]) -> None:
+        lines = [sentence for job in jobs for sentence in job.sentences]
+        self.metrics.decoding(self.pair, len(lines))
+        try:
+            results = self.decode(lines, options)
+        except Exception as exc:  # the requests fail (500); the server goes on
+            for job in jobs:
+                job.future.set_exception(exc)
+            return
+        finally:
+            self.metrics.decoding(self.pair, 0)
+        tokens = sum(r.hypotheses[0].length for r in results if r.hypotheses)
+        self.metrics.decoded(self.pair, len(lines), tokens)
+        start = 0
+        for job in jobs:
+            job.future.set_result(results[start : start + len(job.sentences)])
+            start += len(job.sentences)

@@ -1,0 +1,82 @@
+"""bench/bench_translate.py on a tiny model: every system runs in a process of its own,
+pinned to the layout's cores, CTranslate2's without torch, and the table compares each
+nmt measurement (the Translator, the `nmt translate` command) with its peer.
+
+Only what the harness reports is checked, never a speed: timing belongs in bench/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from translation_ckpt import random_checkpoint, sentences, tiny_vocab
+
+pytest.importorskip("ctranslate2")
+pytest.importorskip("sacrebleu")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "bench_translate.py"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One tiny run: fp32 against CTranslate2 float32, batch 4, one core, one round."""
+    tmp = tmp_path_factory.mktemp("bench")
+    model = random_checkpoint(tmp / "tiny.pt", tiny_vocab(), max_positions=128)
+    lines = tmp / "lines.txt"
+    lines.write_text("".join(line + "\n" for line in sentences(6, seed=3)), encoding="utf-8")
+    command = [
+        sys.executable, str(SCRIPT), str(lines), "--model", str(model), "--ref", str(lines),
+        "--precisions", "fp32", "--ct2", "float32", "--batches", "4", "--layouts", "1",
+        "--startup-runs", "1", "--skip", "interactive,memory",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_each_system_runs_pinned_in_its_own_process(report: str) -> None:
+    core = min(os.sched_getaffinity(0))
+    commands = [line.strip() for line in report.splitlines() if "taskset -c" in line]
+    assert len(commands) == 3  # CTranslate2's worker, nmt's worker, the command
+    assert all(c.startswith(f"taskset -c {core} ") for c in commands)
+    assert any("peer_ct2.py" in c for c in commands)
+    assert any("peer_nmt.py" in c for c in commands)
+    assert any("-m nmt_cli translate" in c and "--threads 1 --workers 1" in c for c in commands)
+    ct2 = next(line for line in report.splitlines() if "library ctranslate2" in line)
+    assert f"affinity [{core}]; torch imported: no" in ct2
+    nmt = next(line for line in report.splitlines() if "library nmt" in line)
+    assert f"affinity [{core}]; torch imported: yes" in nmt
+
+
+def test_the_timing_of_each_system_is_stated(report: str) -> None:
+    for system in ("CT2 float32", "nmt fp32 Translator", "nmt fp32 command"):
+        assert f"{system}: timing includes" in report
+    assert "on an empty input" in report  # the command's start-up, taken off
+    assert "the command's own report of its reading, decoding and writing: " in report
+
+
+def test_the_table_gives_both_nmt_ratios_to_the_peer(report: str) -> None:
+    table = report[report.index("| 1 core, batch 4, 6 sentences") :].splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line for line in table[2:5]}
+    assert set(rows) == {"CT2 float32", "nmt fp32 Translator", "nmt fp32 command"}
+    number, ratio = r"[\d,]+\.\d", r"\*\*\d+\.\d\dx\*\* CT2 float32 \(\d+\.\d\d\)"
+    cells = {name: [c.strip() for c in row.strip("|").split("|")] for name, row in rows.items()}
+    for name in ("CT2 float32", "nmt fp32 Translator"):
+        assert re.fullmatch(number, cells[name][1]) and re.fullmatch(number, cells[name][3])
+    assert cells["CT2 float32"][4] == ""
+    assert re.fullmatch(ratio, cells["nmt fp32 Translator"][4])
+    # Six sentences take less than the command's start-up varies by: a figure when the
+    # difference came out positive, else none ("-") and a line that says why.
+    command = cells["nmt fp32 command"]
+    if command[1] == "-":
+        assert "nmt fp32 command: no figure, its start-up varied" in report
+        assert command[4] == ""
+    else:
+        assert re.fullmatch(number, command[1]) and re.fullmatch(ratio, command[4])
+    assert "sacreBLEU signature: nrefs:1" in report

@@ -1,0 +1,146 @@
+"""The cross-request queue of `nmt serve`, with a stand-in for the model: what is decoded
+together, what each job gets back, and what is never decoded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import CancelledError
+
+import pytest
+
+from nmt_cli.engines.serve.batcher import (
+    Batcher,
+    DeadlineExceeded,
+    Options,
+    QueueFull,
+    Stopping,
+)
+from nmt_cli.engines.serve.metrics import Metrics
+from nmt_cli.engines.translate.translator import TranslatedHypothesis, Translation
+
+PLAIN, WIDE = Options(beam=4, nbest=1), Options(beam=8, nbest=2)
+
+
+class Model:
+    """Translates a line into its upper case; records each call; can be held."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], Options]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+
+    def decode(self, lines: list[str], options: Options) -> list[Translation]:
+        self.started.set()
+        self.gate.wait(10)
+        self.calls.append((list(lines), options))
+        return [
+            Translation(line, [TranslatedHypothesis(line.upper(), 0.0, 0.0, len(line))])
+            for line in lines
+        ]
+
+
+def batcher(model: Model, limit: int = 100, max_batch: int = 10, gather_s: float = 0.05) -> Batcher:
+    return Batcher("en-de", model.decode, Metrics(), limit, max_batch, gather_s)
+
+
+def texts(job_result: list[Translation]) -> list[str]:
+    return [t.text for t in job_result]
+
+
+def test_jobs_within_the_window_are_decoded_together_and_answered_in_order() -> None:
+    model = Model()
+    queue = batcher(model, gather_s=0.2)
+    jobs = [queue.submit([f"s{i}a", f"s{i}b"], PLAIN, 10) for i in range(3)]
+    queue.start()
+    for i, job in enumerate(jobs):
+        assert texts(job.future.result(5)) == [f"S{i}A", f"S{i}B"]
+    assert model.calls == [(["s0a", "s0b", "s1a", "s1b", "s2a", "s2b"], PLAIN)]
+    assert 'nmt_batch_sentences_count{pair="en-de"} 1' in queue.metrics.render({}, True)
+    queue.stop(5)
+
+
+def test_a_batch_is_full_at_max_batch_and_options_decode_apart() -> None:
+    model = Model()
+    queue = batcher(model, max_batch=4, gather_s=0.5)
+    jobs = [
+        queue.submit(["a", "b"], PLAIN, 10),
+        queue.submit(["c"], WIDE, 10),
+        queue.submit(["d"], PLAIN, 10),
+        queue.submit(["e", "f"], PLAIN, 10),  # would make 6: the next batch
+    ]
+    start = time.monotonic()
+    queue.start()
+    for job in jobs:
+        job.future.result(5)
+    assert model.calls[:2] == [(["a", "b", "d"], PLAIN), (["c"], WIDE)]
+    assert model.calls[2] == (["e", "f"], PLAIN)
+    assert time.monotonic() - start < 5
+    queue.stop(5)
+
+
+def test_a_full_queue_refuses_at_once_and_memory_stays_bounded() -> None:
+    queue = batcher(Model(), limit=5)
+    queue.submit(["a", "b", "c"], PLAIN, 10)
+    with pytest.raises(QueueFull):
+        queue.submit(["d", "e", "f"], PLAIN, 10)
+    assert queue.queued == 3
+    queue.submit(["d", "e"], PLAIN, 10)
+    assert queue.queued == 5
+
+
+def test_withdrawn_and_expired_jobs_are_never_decoded() -> None:
+    model = Model()
+    model.gate.clear()
+    queue = batcher(model, gather_s=0.0)
+    busy = queue.submit(["busy"], PLAIN, 10)
+    queue.start()
+    assert model.started.wait(5)  # "busy" is being decoded
+    left = queue.submit(["left"], PLAIN, 10)
+    late = queue.submit(["late"], PLAIN, 0.01)
+    kept = queue.submit(["kept"], PLAIN, 10)
+    assert queue.withdraw(left, "disconnected") and not queue.withdraw(busy, "disconnected")
+    time.sleep(0.05)
+    model.gate.set()
+    assert texts(kept.future.result(5)) == ["KEPT"]
+    with pytest.raises(DeadlineExceeded):
+        late.future.result(5)
+    with pytest.raises(CancelledError):
+        left.future.result(0)
+    assert [lines for lines, _ in model.calls] == [["busy"], ["kept"]]
+    text = queue.metrics.render({}, True)
+    assert 'nmt_dropped_sentences_total{pair="en-de",reason="disconnected"} 1' in text
+    assert 'nmt_dropped_sentences_total{pair="en-de",reason="timeout"} 1' in text
+    queue.stop(5)
+
+
+def test_a_failing_batch_fails_its_jobs_and_the_queue_goes_on() -> None:
+    model = Model()
+    calls = 0
+
+    def decode(lines: list[str], options: Options) -> list[Translation]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("boom")
+        return model.decode(lines, options)
+
+    queue = Batcher("en-de", decode, Metrics(), 100, 10, 0.0)
+    queue.start()
+    with pytest.raises(RuntimeError, match="boom"):
+        queue.submit(["a"], PLAIN, 10).future.result(5)
+    assert texts(queue.submit(["b"], PLAIN, 10).future.result(5)) == ["B"]
+    queue.stop(5)
+
+
+def test_stopping_refuses_new_work_and_answers_what_waited() -> None:
+    model = Model()
+    queue = batcher(model)
+    waiting = queue.submit(["a"], PLAIN, 10)
+    assert queue.stop(1)  # never started: nothing to wait for
+    with pytest.raises(Stopping):
+        waiting.future.result(0)
+    with pytest.raises(Stopping):
+        queue.submit(["b"], PLAIN, 10)
+    assert model.calls == []
