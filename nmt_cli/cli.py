@@ -83,8 +83,9 @@ app = typer.Typer(
     help=(
         "Neural machine translation with the Transformer of 'Attention Is All You Need'.\n\n"
         "prepare -> train -> average-checkpoints -> translate -> score, each driven by a "
-        "TOML recipe (see recipes/); export serves a checkpoint through CTranslate2 or "
-        "transformers. Exit codes: 0 success, 1 failure, 2 usage error, "
+        "TOML recipe (see recipes/); serve answers over HTTP; export hands a checkpoint to "
+        "CTranslate2 or transformers, import brings MarianMT and fairseq models in "
+        "(then train --init fine-tunes them). Exit codes: 0 success, 1 failure, 2 usage error, "
         "130/143 stopped by Ctrl-C/SIGTERM (after saving)."
     ),
     no_args_is_help=True,

@@ -202,11 +202,15 @@ class ScoreConfig:
 
     sacreBLEU scores detokenized output against raw references (comparable across papers);
     the paper's figure is tokenized BLEU with hyphenated compounds split (section 6.1).
+    A parsing recipe (section 6.3, data from the `ptb` presets) says `metric = "trees"`:
+    its outputs are linearized trees, scored by EVALB's labelled bracket F1 instead, and
+    the BLEU settings do not apply.
     """
 
     sacrebleu: bool = True
     paper_bleu: bool = True
     chrf: bool = True
+    metric: Literal["bleu", "trees"] = "bleu"
 
 
 @dataclass(frozen=True)

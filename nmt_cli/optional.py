@@ -35,6 +35,7 @@ PACKAGES: dict[str, str] = {
     "starlette": "serve",
     "uvicorn": "serve",
     "safetensors": "import",
+    "subword_nmt": "import",
 }
 # Modules of other packages that import one of the above.
 _PACKAGE_OF = {"torch.utils.tensorboard": "tensorboard"}

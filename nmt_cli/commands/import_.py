@@ -40,7 +40,7 @@ def import_command(
 
     \b
     nmt import --from huggingface opus-mt-en-de/ -o en-de.pt
-    nmt import --from fairseq wmt16.en-de/model.pt --data-dir wmt16.en-de -o en-de.pt
+    nmt import --from fairseq wmt16/model.pt --data-dir wmt16 -o en-de.pt
     """
     from nmt_cli.engines.importing.run import ImportConfig, import_model
 

@@ -79,9 +79,9 @@ def run(
             result = run_recipe(cfg, options, hooks)
         finally:
             display.close()
-        if result.systems:
+        if result.systems or result.parses:
             if not verbosity.quiet:
-                err_console.print(results_table(result))
+                err_console.print(results_table(result) if result.systems else parses_table(result))
             for text in result.warnings():
                 warn(text)
             typer.echo(f"{result.run_dir}/results.json")
@@ -106,6 +106,35 @@ def results_table(result: RunResult) -> Table:
             duration(result.train_seconds),
             f"{result.parameters / 1e6:.1f}M",
             f"{result.train_flops:.1e}",
+        )
+    return table
+
+
+def parses_table(result: RunResult) -> Table:
+    """The paper's Table 4 shape for a parsing recipe: EVALB's F1 per system."""
+    from nmt_cli.commands.train_display import duration
+
+    first = result.parses[0]
+    table = Table(
+        title=f"{result.recipe}: parsing, test set (EVALB, COLLINS.prm)",
+        caption=f"signature: {first.signature}\nF1 <= {first.cutoff_len}: sentences of at "
+        f"most {first.cutoff_len} words; repaired: outputs that were not well-formed trees",
+    )
+    columns = ("model", "F1", f"F1 <= {first.cutoff_len}", "recall", "precision")
+    for column in (*columns, "exact", "repaired", "steps", "time", "params"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for p in result.parses:
+        table.add_row(
+            p.system,
+            f"{p.f1:.2f}",
+            f"{p.f1_short:.2f}",
+            f"{p.recall:.2f}",
+            f"{p.precision:.2f}",
+            f"{p.complete_match:.1f}",
+            f"{p.repaired:,} / {p.lines:,}",
+            f"{result.steps:,}",
+            duration(result.train_seconds),
+            f"{result.parameters / 1e6:.1f}M",
         )
     return table
 

@@ -82,7 +82,7 @@ def serve(
     max_beam: int = typer.Option(16, "--max-beam", help="Largest beam a request may ask."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds a request may take."),
     drain_timeout: float = typer.Option(
-        10.0, "--drain-timeout", help="At a stop, seconds to finish requests."
+        10.0, "--drain-timeout", help="At a stop, seconds to drain."
     ),
     max_connections: int = typer.Option(
         512, "--max-connections", help="Open connections, at most."

@@ -14,7 +14,9 @@ the two live together here, in two forms:
   prefix grows into a new tensor every step rather than into a preallocated buffer: a
   slice of a larger buffer is not contiguous, and batched products over such slices
   measured 1.4-4x slower than over a contiguous prefix, which costs more than the copy
-  it saves. The reorder is deferred to that copy (`pending`): one copy a step.
+  it saves. The reorder is deferred to that copy (`pending`): one copy a step. With a
+  restricted attention window r (core/local_attention.py) that copy leaves out the
+  oldest position once r are kept, so the cache, and the step's cost, stop growing.
 
 A decoding backend may bring a cache of its own layout (nmt_cli/cpu_decode's SlotCache,
 which never moves keys and attends with its own kernel): the decoder step asks only for
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -57,6 +60,8 @@ class LayerCache:
 
     dtype: torch.dtype
     heads: int
+    window: int = 0  # keep only the newest `window` positions; 0: all of them
+    appended: int = 0  # positions appended so far, kept or not
     self_k: Tensor | None = None
     self_v: Tensor | None = None
     # Rows of self_k/self_v the next step continues (search's reorder, applied as the
@@ -71,18 +76,27 @@ class LayerCache:
         if self.self_k is None or self.self_v is None:
             k, v = k.to(self.dtype).contiguous(), v.to(self.dtype).contiguous()
         else:
-            k = _gather_append(self.self_k, self.pending, k)
-            v = _gather_append(self.self_v, self.pending, v)
+            k = _gather_append(self._kept(self.self_k), self.pending, k)
+            v = _gather_append(self._kept(self.self_v), self.pending, v)
             self.pending = None
         self.self_k, self.self_v = k, v
+        self.appended += 1
         return k, v
+
+    def _kept(self, prefix: Tensor) -> Tensor:
+        """The positions the next query still sees: with a window, its newest r - 1."""
+        drop = prefix.size(2) - (self.window - 1)
+        return prefix.narrow(2, drop, self.window - 1) if self.window and drop > 0 else prefix
 
     def attend_self(
         self, q: Tensor, k: Tensor, v: Tensor, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
         b, h = q.size(0), self.heads
         keys, values = self.append_self(k.view(b, h, 1, -1), v.view(b, h, 1, -1))
-        return self._attend(q, keys, values, None, need_weights)
+        ctx, weights = self._attend(q, keys, values, None, need_weights)
+        if weights is not None and self.window:  # zeros for positions out of the window
+            weights = F.pad(weights, (self.appended - weights.size(-1), 0))
+        return ctx, weights
 
     def has_memory(self) -> bool:
         return self.cross_k is not None
@@ -153,8 +167,8 @@ class DecoderCache:
     length: int = 0  # positions already decoded; the next step's position index
 
     @classmethod
-    def empty(cls, n_layers: int, dtype: torch.dtype, heads: int) -> DecoderCache:
-        return cls([LayerCache(dtype, heads) for _ in range(n_layers)])
+    def empty(cls, n_layers: int, dtype: torch.dtype, heads: int, window: int = 0) -> DecoderCache:
+        return cls([LayerCache(dtype, heads, window) for _ in range(n_layers)])
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
         """Keep rows `index` (B',) of every cached tensor, in that order.

@@ -8,7 +8,8 @@ A checkpoint is a plain dictionary of tensors, numbers, strings and bytes:
     kind          "train" (with optimizer, schedule, RNG and data position) or "inference"
     nmt_version   the package version that wrote it
     model_config  the ModelConfig as a dict, so the model rebuilds without the recipe
-    vocab         {"src": bytes, "tgt": bytes}: the SentencePiece models themselves
+    vocab         {"src": bytes, "tgt": bytes}: the SentencePiece models themselves, or
+                  (version 2) a Moses + BPE description (core/vocab.py's MosesBpeVocab)
     model         the weights (state dict)
     step          optimizer updates so far
     recipe        the resolved recipe as a dict (or None)
@@ -44,7 +45,7 @@ FORMAT_NAME = "nmt-checkpoint"
 FORMAT_VERSION = 2  # the latest this nmt reads
 # Model settings version 1 could not say, with the value every version 1 file meant: a
 # version 1 reader would drop them from `model_config` and build another model.
-_SINCE_VERSION_2 = {"activation": "relu", "output_bias": False}
+_SINCE_VERSION_2 = {"activation": "relu", "output_bias": False, "attention_window": 0}
 
 CheckpointKind = Literal["train", "inference"]
 
@@ -74,7 +75,7 @@ class Checkpoint:
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT_NAME,
-            "version": format_version(self.model_config),
+            "version": format_version(self.model_config, self.vocab),
             "kind": self.kind,
             "nmt_version": __version__,
             "model_config": dataclasses.asdict(self.model_config),
@@ -88,13 +89,14 @@ class Checkpoint:
         }
 
 
-def format_version(cfg: ModelConfig) -> int:
+def format_version(cfg: ModelConfig, vocab: VocabPair) -> int:
     """The version a file of this model is written with: the lowest that describes it, so
     that an older nmt still reads every checkpoint it can compute, and refuses (rather
     than misreads) one it cannot. An `origin` alone needs no new version: older readers
     skip a key they do not know, and the weights mean the same."""
     newer = any(getattr(cfg, name) != old for name, old in _SINCE_VERSION_2.items())
-    return 2 if newer else 1
+    texts = {vocab.src.kind, vocab.tgt.kind} != {"sentencepiece"}
+    return 2 if newer or texts else 1
 
 
 def model_state(model: torch.nn.Module) -> dict[str, Tensor]:

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from nmt_cli.core.local_attention import scored_keys
 from nmt_cli.core.transformer import ModelConfig
 
 
@@ -24,7 +25,7 @@ def forward_flops(cfg: ModelConfig, sentences: int, src_len: int, tgt_len: int) 
     sentences x tgt_len) padded batch."""
     d, f, h = cfg.d_model, cfg.d_ff, cfg.n_heads
     qk, v = h * cfg.head_dim_k, h * cfg.head_dim_v  # widths of all heads together
-    s, t = src_len, tgt_len
+    s, t, window = src_len, tgt_len, cfg.attention_window
 
     def projections(tokens: int) -> float:  # Q, K, V in and the output projection
         return 2.0 * tokens * d * (2 * qk + v) + 2.0 * tokens * v * d
@@ -32,15 +33,17 @@ def forward_flops(cfg: ModelConfig, sentences: int, src_len: int, tgt_len: int) 
     def attention(queries: int, keys: int) -> float:  # scores and weighted sums
         return 2.0 * queries * keys * (qk + v)
 
-    ffn_per_token = 4.0 * d * f
-    encoder = cfg.encoder_layers * (projections(s) + attention(s, s) + s * ffn_per_token)
+    ffn = 4.0 * d * f  # the feed-forward, per token
+    # Self-attention scores the keys it computes: all of them, or a restricted window's.
+    own_s, own_t = scored_keys(s, window, causal=False), scored_keys(t, window, causal=True)
+    encoder = cfg.encoder_layers * (projections(s) + attention(s, own_s) + s * ffn)
     cross = (
         2.0 * t * d * qk  # queries
         + 2.0 * s * d * (qk + v)  # keys and values of the source
         + 2.0 * t * v * d  # output projection
         + attention(t, s)
     )
-    decoder = cfg.decoder_layers * (projections(t) + attention(t, t) + cross + t * ffn_per_token)
+    decoder = cfg.decoder_layers * (projections(t) + attention(t, own_t) + cross + t * ffn)
     logits = 2.0 * t * d * cfg.tgt_vocab_size
     return sentences * (encoder + decoder + logits)
 

@@ -47,6 +47,9 @@ class ModelConfig:
     # A learned bias on the pre-softmax projection: not the paper's (section 3.4 ties the
     # projection to the embedding and adds nothing), but Marian's models have one.
     output_bias: bool = False
+    # Restricted self-attention (Table 1): a query sees keys less than this many positions
+    # away, the decoder's only earlier ones (core/local_attention.py); 0 is full attention.
+    attention_window: int = 0
 
     def __post_init__(self) -> None:
         at_least("model", self, 1, "encoder_layers", "decoder_layers", "d_model", "d_ff")
@@ -71,6 +74,7 @@ class ModelConfig:
             )
         one_of("model", self, "positions", ("sinusoidal", "learned"))
         one_of("model", self, "activation", ACTIVATIONS)
+        at_least("model", self, 0, "attention_window")
 
     @property
     def head_dim_k(self) -> int:

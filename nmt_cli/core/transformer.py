@@ -32,6 +32,7 @@ from nmt_cli.core.attention_kernels import (
 )
 from nmt_cli.core.cache import AttentionCache, DecoderCache, StepCache
 from nmt_cli.core.dropout import Dropout
+from nmt_cli.core.local_attention import band_mask, blocked_attention, scored_keys
 from nmt_cli.core.model_config import Activation, ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
 from nmt_cli.core.step_linear import linear, linear_add, linear_relu
@@ -124,6 +125,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout_p = cfg.attention_dropout
         # Which SDPA kernels may run on a GPU (core/attention_kernels.py); not part of the weights.
         self.backend: AttentionBackend = "auto"
+        # Restricted self-attention (core/local_attention.py); cross-attention stays full.
+        self.window = cfg.attention_window if self_attention else 0
 
     def _heads(self, x: Tensor, dim: int) -> Tensor:
         b, length, _ = x.shape
@@ -152,7 +155,14 @@ class MultiHeadAttention(nn.Module):
             k, v = self.project_kv(memory)
         dropout_p = self.dropout_p if self.training else 0.0
         weights: Tensor | None = None
-        if need_weights:
+        length = q.size(2)
+        blocked = not need_weights and scored_keys(length, self.window, causal) < length
+        if 0 < self.window < length and not blocked:  # the band as a mask: the smaller form
+            key_mask = band_mask(length, self.window, causal, key_mask, q.device)
+            causal = False
+        if blocked:
+            ctx = blocked_attention(q, k, v, self.window, causal, key_mask, dropout_p)
+        elif need_weights:
             ctx, weights = self._explicit(q, k, v, key_mask, causal, dropout_p)
         elif self.training and q.device.type == "cpu":
             # Training on a CPU with sentence-length sequences: the fused kernel's backward
@@ -438,7 +448,7 @@ class Transformer(nn.Module):
         first = cast(DecoderLayer, self.decoder[0]).self_attn
         weight = self.output_weight
         dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
-        return DecoderCache.empty(len(self.decoder), dtype, first.h)
+        return DecoderCache.empty(len(self.decoder), dtype, first.h, self.cfg.attention_window)
 
     def decode_step(
         self,

@@ -172,7 +172,7 @@ def cpu_decoders(
         try:
             kernel = prepare_kernel(on_compile)
         except CompileError as exc:
-            on_fallback(str(exc))
+            on_fallback(f"the compiled step could not be built: {exc}")
     kind = _LINEAR_KINDS.get(precision)
     decoders: list[CpuDecoder] = []
     for model in models:

@@ -9,6 +9,11 @@ translate and score write their outputs atomically, so a file that exists is com
 
 The test set is translated three times, so the table shows what averaging buys: with the
 averaged model (the paper's final model), the best checkpoint by dev loss, and the last.
+
+A parsing recipe (`score.metric = "trees"`, data from a `ptb` preset) is scored as the
+paper's section 6.3 is: each output (a linearized tree) is turned back into a tree over
+the source words, written beside it (test.<system>.trees), and scored by EVALB's
+COLLINS.prm against the gold trees (engines/trees/).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from nmt_cli.config import RecipeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.files import atomic_write_text
 from nmt_cli.core.transformer import count_parameters
-from nmt_cli.data_dir import open_data_dir
+from nmt_cli.data_dir import MANIFEST, open_data_dir
 from nmt_cli.engines.average import average_checkpoints, select_last
 from nmt_cli.engines.pictures.backend import require_plotting
 from nmt_cli.engines.pictures.curves import write_curves
@@ -34,6 +39,7 @@ from nmt_cli.engines.train import EventSink, TrainOptions, train
 from nmt_cli.engines.training_log import METRICS, read_run_log
 from nmt_cli.engines.translate.loading import set_threads
 from nmt_cli.engines.translate.translator import translate_lines
+from nmt_cli.engines.trees.scoring import score_trees
 from nmt_cli.errors import Interrupted, NmtError, UsageError
 from nmt_cli.optional import MissingPackage
 from nmt_cli.text_io import read_lines
@@ -86,6 +92,27 @@ class SystemScore:
     lines: int = 0
 
 
+@dataclass(frozen=True)
+class ParseScore:
+    """One parsed test set (section 6.3): EVALB's figures (COLLINS.prm) for one system."""
+
+    system: str
+    checkpoint: str
+    f1: float  # labelled bracket F1 over all sentences, as Table 4 reports it
+    recall: float
+    precision: float
+    complete_match: float
+    f1_short: float  # sentences of at most `cutoff_len` words
+    cutoff_len: int
+    tagging_accuracy: float | None  # None: the outputs carry no POS tags (XX)
+    error_sentences: int  # left out by EVALB (words differ from the gold tree's)
+    repaired: int  # outputs that were not well-formed trees, repaired by the stated rules
+    repairs: dict[str, int]  # outputs each repair rule applied to
+    lines: int
+    signature: str
+    trees: str  # the outputs as bracketed trees, the file that was scored
+
+
 @dataclass
 class RunResult:
     recipe: str
@@ -99,6 +126,7 @@ class RunResult:
     device_flops: float = 0.0  # the paper's Table 2 estimate: time x devices x device rate
     dev_ppl: float | None = None  # at the last validation
     systems: list[SystemScore] = field(default_factory=list)
+    parses: list[ParseScore] = field(default_factory=list)  # parsing recipes instead
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +138,12 @@ class RunResult:
             f"scores mean little; the model is probably undertrained ({self.steps:,} steps)"
             for s in self.systems
             if s.empty_lines
+        ] + [
+            f"{p.system}: {p.repaired:,} of {p.lines:,} outputs were not well-formed trees "
+            f"and were repaired, so its F1 means little; the model is probably undertrained "
+            f"({self.steps:,} steps)"
+            for p in self.parses
+            if p.repaired > p.lines / 2
         ]
 
 
@@ -129,7 +163,7 @@ def run_recipe(
     hooks = hooks or RunHooks()
     run_dir = Path(recipe.train.run_dir)
     result = RunResult(recipe.name, str(run_dir), recipe.data.src, recipe.data.tgt)
-    if options.runs("score") and recipe.score.paper_bleu:
+    if options.runs("score") and recipe.score.metric == "bleu" and recipe.score.paper_bleu:
         require_sacremoses()  # before hours of training, not at the last stage
 
     def stage(name: str, work: Callable[[], str]) -> None:
@@ -139,6 +173,7 @@ def run_recipe(
         hooks.stage(StageNotice(name, "done", work()))
 
     stage("prepare", lambda: _prepare(recipe, hooks))
+    _check_metric(recipe)
     stage("train", lambda: _train(recipe, options, hooks))
     systems = _systems(recipe, run_dir)
     stage("average", lambda: _average(recipe, run_dir))
@@ -239,9 +274,31 @@ def _translate(recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path]) ->
     return f"{len(lines):,} sentences -> {', '.join(wrote) or 'up to date'}"
 
 
+def _check_metric(recipe: RecipeConfig) -> None:
+    """Trees are scored as trees and text as text: a recipe whose data directory holds
+    the other kind is refused before training, naming the setting."""
+    if not (Path(recipe.data.dir) / MANIFEST).is_file():
+        return  # the stages that need it say so
+    source = open_data_dir(recipe.data.dir).manifest.get("source", {})
+    trees = source.get("kind") == "treebank"
+    if trees and recipe.score.metric != "trees":
+        raise NmtError(
+            f"{recipe.data.dir} holds parse trees ({source.get('name', 'a treebank')}): "
+            'set score.metric = "trees" in the recipe (--set score.metric=trees)'
+        )
+    if not trees and recipe.score.metric == "trees":
+        raise NmtError(
+            f'score.metric = "trees" needs a data directory of parse trees (nmt prepare '
+            f"ptb or ptb-sample); {recipe.data.dir} holds translations"
+        )
+
+
 def _score(
     recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path], result: RunResult
 ) -> None:
+    if recipe.score.metric == "trees":
+        _score_parses(recipe, run_dir, systems, result)
+        return
     data = open_data_dir(recipe.data.dir)
     refs = read_lines(data.raw_text("test", "tgt"))
     settings = ScoreSettings(paper=recipe.score.paper_bleu, lang=data.tgt_lang)
@@ -267,6 +324,47 @@ def _score(
         )
     if not result.systems:
         raise NmtError(f"{run_dir}: no translations to score; run the translate stage first")
+
+
+def _score_parses(
+    recipe: RecipeConfig, run_dir: Path, systems: dict[str, Path], result: RunResult
+) -> None:
+    """Each system's linearized outputs as trees over the test sentences' words, scored
+    by EVALB against the gold trees (the data directory's raw target text)."""
+    data = open_data_dir(recipe.data.dir)
+    gold = data.raw_text("test", "tgt")
+    refs = read_lines(gold)
+    words = read_lines(data.raw_text("test", "src"))
+    for label, ckpt_path in systems.items():
+        hyp_path = _hyp_path(run_dir, label)
+        if not hyp_path.is_file():
+            continue
+        scores = score_trees(
+            read_lines(hyp_path), refs, words, [str(hyp_path), str(gold), "source"]
+        )
+        trees = hyp_path.with_suffix(".trees")
+        atomic_write_text(trees, "".join(t + "\n" for t in scores.trees))
+        result.parses.append(
+            ParseScore(
+                system=label,
+                checkpoint=str(ckpt_path),
+                f1=scores.all.f1,
+                recall=scores.all.recall,
+                precision=scores.all.precision,
+                complete_match=scores.all.complete_match,
+                f1_short=scores.short.f1,
+                cutoff_len=scores.cutoff_len,
+                tagging_accuracy=scores.all.tagging_accuracy,
+                error_sentences=scores.all.error_sentences,
+                repaired=scores.repaired,
+                repairs=scores.repairs,
+                lines=scores.lines,
+                signature=scores.signature,
+                trees=str(trees),
+            )
+        )
+    if not result.parses:
+        raise NmtError(f"{run_dir}: no parses to score; run the translate stage first")
 
 
 def _training_facts(run_dir: Path, result: RunResult) -> None:

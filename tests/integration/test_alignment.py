@@ -42,6 +42,14 @@ def test_word_groups_follow_sentencepiece_word_starts() -> None:
     assert word_groups(["<s>", "a", "\u2581b"]) == [0, 1, 2]
 
 
+def test_word_groups_follow_bpe_continuation_marks() -> None:
+    """subword-nmt's pieces (a fairseq import): a word goes on while a piece ends in "@@"."""
+    pieces = ["the", "m@@", "a@@", "t", "sat", "</s>"]
+    assert word_groups(pieces) == [0, 1, 1, 1, 2, 3]
+    assert word_labels(pieces) == ["the", "mat", "sat", "</s>"]
+    assert word_groups(["<s>", "a@@", "b", "c"]) == [0, 1, 1, 2]
+
+
 def test_merging_sums_attention_to_a_word_and_averages_attention_from_it() -> None:
     rows = ["\u2581a", "b", "\u2581c"]  # words "ab", "c"
     cols = ["\u2581x", "y", "\u2581z"]  # words "xy", "z"

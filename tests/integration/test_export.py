@@ -247,6 +247,18 @@ def test_learned_positions_go_to_ctranslate2_but_not_to_marian(
     assert_same(nmt_greedy(load_checkpoint(learned), lines), ct2_greedy(tmp_path / "ct2", lines))
 
 
+def test_restricted_attention_is_refused_by_both_targets(trained: Path, tmp_path: Path) -> None:
+    """Neither target has a window: the export would attend everywhere and translate
+    otherwise, so it is refused before anything is written."""
+    ckpt = load_checkpoint(trained)
+    cfg = dataclasses.replace(ckpt.model_config, attention_window=3)
+    windowed = save_checkpoint(dataclasses.replace(ckpt, model_config=cfg), tmp_path / "w.pt")
+    for target in ("ctranslate2", "huggingface"):
+        code, err = export("--to", target, str(windowed), str(tmp_path / target))
+        assert code == 1 and "model.attention_window 3" in sole_error(err)
+        assert not (tmp_path / target).exists()
+
+
 def test_bad_inputs_are_one_line_errors(trained: Path, tmp_path: Path) -> None:
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")

@@ -93,11 +93,8 @@ def test_prepare_encodes_with_the_models_own_vocabulary(setup: dict[str, Path]) 
     assert data.vocab.src.model_proto == model.vocab.src.model_proto
     assert data.vocab.joint == model.vocab.joint
     assert data.manifest["settings"]["vocab_from"] == str(setup["model"].resolve())
-    refused = runner.invoke(
-        app,
-        ["prepare", "--from", "x", "--src", "en", "--tgt", "de", "--out", "y"]
-        + ["--vocab-from", str(setup["model"]), "--vocab-size", "100"],
-    )
+    both = ["--vocab-from", str(setup["model"]), "--vocab-size", "100"]
+    refused = runner.invoke(app, ["prepare", "--from", "x", "--src", "en", "--out", "y", *both])
     no_escape(refused)
     assert refused.exit_code == 2 and "drop --vocab-size" in refused.output
 
@@ -125,7 +122,6 @@ def test_fine_tuning_starts_from_the_checkpoint_and_lowers_its_dev_loss(
     assert tuned.step == 20 and tuned.model_config == start.model_config
     assert tuned.origin is not None and tuned.origin["init_from"] == str(setup["model"])
     assert tuned.origin["origin"]["imported_from"] == "huggingface-marian"
-    print("DEV", initial, random, first["loss"], dev)
 
 
 def test_a_contradicting_recipe_or_vocabulary_is_refused(

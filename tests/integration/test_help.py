@@ -21,6 +21,8 @@ COMMANDS = [
     ["score"],
     ["run"],
     ["export"],
+    ["import"],
+    ["serve"],
 ]
 # typer's own option, whose text we do not write
 THEIRS = ("--show-completion",)

@@ -374,3 +374,9 @@ def test_sentencepiece_renumbering_keeps_the_segmentation(spm_models: tuple[byte
     assert model.with_pieces(pieces[:4] + rest) != spm_models[0]
     same = SentencePieceModel.parse(tiny_vocab().src.model_proto)  # nmt's own ids
     assert same.with_pieces(same.pieces) == same.original
+
+
+def test_the_help_fits_80_columns() -> None:
+    result = runner.invoke(app, ["import", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0 and "--from SOURCE" in result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines())

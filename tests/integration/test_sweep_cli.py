@@ -102,7 +102,9 @@ def test_sweep_runs_every_row_prints_table_3_and_skips_finished_rows(tmp_path: P
 @pytest.mark.parametrize("sweep", sorted((RECIPES / "sweeps").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_sweeps_load_every_row(sweep: Path) -> None:
     plan = load_sweep(sweep)
-    assert plan.rows[0].name == "base" and len(plan.rows) == 20
+    assert plan.rows[0].name == "base" and len(plan.rows) == 21
+    (restricted,) = [row for row in plan.rows if row.name.startswith("R window=")]
+    assert plan.row_recipe(restricted).model.attention_window > 0
     big = plan.row_recipe(plan.rows[-1])
     assert (
         big.model.dropout == 0.3

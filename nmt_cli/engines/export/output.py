@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nmt_cli.core.vocab import Vocab
+from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.vocab import Vocab, VocabPair
 from nmt_cli.errors import NmtError
 
 
@@ -55,6 +56,26 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
     finally:
         if stage.exists():
             shutil.rmtree(stage)
+
+
+def check_sentencepiece(vocab: VocabPair, target: str) -> None:
+    """Both exports hand the tokenizer over as SentencePiece models; a model that reads
+    text with Moses and BPE (imported from fairseq) has none."""
+    if {vocab.src.kind, vocab.tgt.kind} != {"sentencepiece"}:
+        raise NmtError(
+            f"--to {target}: this model reads text with Moses and BPE (imported from "
+            "fairseq), and the export writes SentencePiece models; it cannot be exported"
+        )
+
+
+def check_full_attention(cfg: ModelConfig, target: str) -> None:
+    """Refuse a model with restricted self-attention: neither target has a window, so the
+    exported model would attend everywhere and translate differently without a word."""
+    if cfg.attention_window:
+        raise NmtError(
+            f"--to {target}: it has no restricted self-attention (this model has "
+            f"model.attention_window {cfg.attention_window}); export a model with full attention"
+        )
 
 
 def write_sentencepiece(out_dir: Path, src: Vocab, tgt: Vocab) -> list[str]:

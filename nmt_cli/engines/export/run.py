@@ -9,7 +9,13 @@ from typing import Literal
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.engines.export import ctranslate2 as ct2
 from nmt_cli.engines.export import huggingface as hf
-from nmt_cli.engines.export.output import check_output_dir, staged_dir, write_json
+from nmt_cli.engines.export.output import (
+    check_full_attention,
+    check_output_dir,
+    check_sentencepiece,
+    staged_dir,
+    write_json,
+)
 from nmt_cli.version import __version__
 
 ExportTarget = Literal["ctranslate2", "huggingface"]
@@ -43,10 +49,14 @@ def export_model(cfg: ExportConfig) -> ExportResult:
     if cfg.target == "ctranslate2":
         ct2.import_ctranslate2()
         ckpt = load_checkpoint(cfg.checkpoint)
+        check_sentencepiece(ckpt.vocab, cfg.target)
+        check_full_attention(ckpt.model_config, cfg.target)
         ct2.check_exportable(ckpt.model_config)
     else:
         hf.import_transformers()
         ckpt = load_checkpoint(cfg.checkpoint)
+        check_sentencepiece(ckpt.vocab, cfg.target)
+        check_full_attention(ckpt.model_config, cfg.target)
         hf.check_exportable(ckpt.model_config)
     with staged_dir(cfg.out_dir) as stage:
         if cfg.target == "ctranslate2":

@@ -9,6 +9,7 @@ something close. The weights it maps are loaded into a real Transformer with
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,7 @@ def build_checkpoint(
     return Checkpoint(cfg, vocab, model_state(model), recipe=recipe.to_dict(), origin=origin)
 
 
-def unpermute(perm: Tensor) -> tuple[Any, Any]:
+def unpermute(perm: Tensor) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
     """Functions undoing a permutation P of the d_model axis (theirs = ours[..., P]):
     `rows` for an output (or 1-d) axis, `cols` for an input axis."""
     inverse = torch.argsort(perm)

@@ -5,7 +5,10 @@ dropped when a side is empty, when a side has more than `max_len` whitespace tok
 when the longer side has more than `max_len_ratio` times the tokens of the shorter one.
 Optional de-duplication drops exact repeats of a (source, target) pair, and optional
 punctuation normalization runs sacremoses' port of Moses' `normalize-punctuation.perl`.
-Each dropped pair is charged to the first rule it breaks, so the counts add up.
+Each dropped pair is charged to the first rule it breaks, so the counts add up. A corpus
+may also say what a model learns of each target (`Corpus.target_form`: a treebank's
+trees are linearized); the rules then see that form, and dev/test keep the original as
+their raw text, the reference they are scored against.
 
 The stage (`clean`) streams each split of the corpus once and writes the kept text to the
 work folder, where the vocab and binarize stages read it. Dev and test sets are never
@@ -81,14 +84,23 @@ class PairCleaner:
     the number of distinct pairs (about 100 bytes each), which is why it is off by default.
     """
 
-    def __init__(self, rules: CleanRules, src_lang: str, tgt_lang: str) -> None:
+    def __init__(
+        self,
+        rules: CleanRules,
+        src_lang: str,
+        tgt_lang: str,
+        target_form: Callable[[str], str] | None = None,
+    ) -> None:
         self.rules = rules
+        self._target_form = target_form  # e.g. a tree's linearization (Corpus.target_form)
         self.stats = CleanStats()
         self._seen: set[bytes] = set()
         self._norm_src = make_normalizer(src_lang) if rules.normalize_punctuation else None
         self._norm_tgt = make_normalizer(tgt_lang) if rules.normalize_punctuation else None
 
     def normalize(self, src: str, tgt: str) -> tuple[str, str]:
+        if self._target_form is not None:
+            tgt = self._target_form(tgt)
         if self._norm_src is not None and self._norm_tgt is not None:
             return self._norm_src(src).strip(), self._norm_tgt(tgt).strip()
         return src, tgt
@@ -171,7 +183,7 @@ def clean(inputs: CleanInputs, layout: Layout, progress: Progress) -> Cleaned:
         if split not in corpus.splits:
             continue
         source = corpus.splits[split]
-        cleaner = PairCleaner(inputs.rules, corpus.src, corpus.tgt)
+        cleaner = PairCleaner(inputs.rules, corpus.src, corpus.tgt, corpus.target_form)
         pairs: Iterable[tuple[str, str]] = source.pairs()
         total = source.total
         if split == "train" and inputs.max_pairs:

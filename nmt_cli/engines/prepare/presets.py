@@ -1,4 +1,5 @@
-"""The named corpora `nmt prepare` knows: the paper's WMT 2014 tasks and the built-in demo.
+"""The named corpora `nmt prepare` knows: the paper's WMT 2014 tasks, the built-in demo, and
+the Penn Treebank of its section 6.3 (engines/prepare/treebank.py).
 
 Section 5.1 of the paper trains on "the standard WMT 2014 English-German dataset consisting
 of about 4.5 million sentence pairs" with a byte-pair vocabulary of about 37,000 tokens, and
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from nmt_cli.engines.prepare.demo_corpus import DEMO_SPLITS
 from nmt_cli.engines.prepare.multi30k import MULTI30K
+from nmt_cli.engines.prepare.treebank import SRC, TGT, TREEBANKS
 
 DEMO = "demo"
 DEMO_VOCAB_SIZE = 1000
@@ -65,7 +67,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (_wmt14(a, b) for a, b in _PAIR
 
 
 def preset_names() -> list[str]:
-    return [DEMO, *MULTI30K, *PRESETS]
+    return [DEMO, *MULTI30K, *PRESETS, *TREEBANKS]
 
 
 def list_presets() -> list[dict[str, str]]:
@@ -106,6 +108,19 @@ def list_presets() -> list[dict[str, str]]:
                 "note": p.note,
             }
         )
+    for t in TREEBANKS.values():
+        train, valid, test = t.sentences
+        rows.append(
+            {
+                "name": t.name,
+                "direction": f"{SRC}->{TGT}",
+                "source": "nltk/nltk_data" if t.downloads else "local copy (--from)",
+                "train": f"{train:,}",
+                "valid / test": f"{valid:,} / {test:,}",
+                "vocabulary": f"BPE {t.vocab_size:,}",
+                "note": t.note,
+            }
+        )
     assert [r["name"] for r in rows] == preset_names()
     return rows
 
@@ -118,6 +133,8 @@ def default_vocab_size(preset: str, local: int) -> int:
         return MULTI30K[preset].vocab_size
     if preset in PRESETS:
         return PRESETS[preset].vocab_size
+    if preset in TREEBANKS:
+        return TREEBANKS[preset].vocab_size
     return local
 
 
@@ -129,9 +146,14 @@ def default_direction(preset: str) -> tuple[str, str] | None:
         return (MULTI30K[preset].src, MULTI30K[preset].tgt)
     if preset in PRESETS:
         return (PRESETS[preset].src, PRESETS[preset].tgt)
+    if preset in TREEBANKS:
+        return (SRC, TGT)
     return None
 
 
 def default_max_len_ratio(preset: str) -> float:
-    """The length-ratio filter a preset asks for (Moses' 9 for captions), else 1.5."""
+    """The length-ratio filter a preset asks for (Moses' 9 for captions; none for trees,
+    whose linearization is about three tokens a word), else 1.5."""
+    if preset in TREEBANKS:
+        return 0.0
     return MULTI30K[preset].max_len_ratio if preset in MULTI30K else 1.5

@@ -98,6 +98,11 @@ def _with_model_vocabulary(cfg: PrepareConfig) -> tuple[PrepareConfig, VocabPair
     if not cfg.vocab_from:
         return cfg, None
     vocab = model_vocabulary(cfg.vocab_from)
+    if {vocab.src.kind, vocab.tgt.kind} != {"sentencepiece"}:
+        raise NmtError(
+            f"--vocab-from {cfg.vocab_from}: the model reads text with Moses and BPE "
+            "(imported from fairseq); nmt prepare encodes with SentencePiece only"
+        )
     size = max(len(vocab.src), len(vocab.tgt))
     if cfg.vocab_size not in (0, size) or (vocab.joint and not cfg.joint_vocab):
         raise NmtError(
@@ -232,6 +237,8 @@ def _vocab_inputs(cfg: PrepareConfig, cleaned: Cleaned) -> VocabInputs:
         joint=cfg.joint_vocab,
         sample_lines=cfg.vocab_sample_lines,
         seed=cfg.seed,
+        # a treebank's bracket tokens (engines/prepare/treebank.py), recorded with its source
+        whole_words=tuple(cleaned.source.get("whole_words", ())),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from nmt_cli.engines.prepare.demo_corpus import DEMO_SPLITS, DEMO_VERSION, demo_corpus
 from nmt_cli.engines.prepare.multi30k import DEFAULT_TEST, MULTI30K, Multi30kPreset, fetch_multi30k
 from nmt_cli.engines.prepare.presets import DEMO, PRESETS, Preset, preset_names
+from nmt_cli.engines.prepare.treebank import SRC, TGT, TREEBANKS, read_treebank, target_form
 from nmt_cli.errors import NmtError
 from nmt_cli.optional import require
 from nmt_cli.text_io import LineDecoder, TextPairs, check_readable, one_line
@@ -47,6 +48,9 @@ class Corpus:
     info: dict[str, Any]  # what the manifest records about the source
     character_coverage: float = 1.0  # SentencePiece's; below 1 for the large WMT alphabets
     decoder: LineDecoder | None = None  # counts replaced UTF-8 lines of text sources
+    # what the model learns of a target, when not the target itself (a tree's linearization);
+    # dev/test keep the target itself as their raw text, the reference it is scored against
+    target_form: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ class SourceRequest:
 def resolve_corpus(req: SourceRequest) -> Corpus:
     """Turn a request into a streamable corpus, or raise an NmtError saying what is wrong."""
     chosen = [bool(req.preset), bool(req.source), bool(req.files)]
-    local_copy = req.preset in MULTI30K and req.source and not req.files
+    copies = req.preset in MULTI30K or req.preset in TREEBANKS  # presets --from may name
+    local_copy = copies and req.source and not req.files
     if sum(chosen) > 1 and not local_copy:
         raise NmtError("name one source: a preset, --from PATH, or explicit --train-src files")
     if req.preset:
@@ -75,6 +80,8 @@ def resolve_corpus(req: SourceRequest) -> Corpus:
             return _demo(req)
         if req.preset in MULTI30K:
             return _multi30k(MULTI30K[req.preset], req)
+        if req.preset in TREEBANKS:
+            return _treebank(req)
         if req.preset in PRESETS:
             return _preset(PRESETS[req.preset], req)
         raise NmtError(
@@ -153,6 +160,20 @@ def _multi30k(preset: Multi30kPreset, req: SourceRequest) -> Corpus:
         "files": corpus.info["files"],
     }
     return dataclasses.replace(corpus, info=info)
+
+
+# --- the Penn Treebank: sentences and their trees (engines/prepare/treebank.py) ---------
+
+
+def _treebank(req: SourceRequest) -> Corpus:
+    if (req.src or SRC, req.tgt or TGT) != (SRC, TGT):
+        raise NmtError(f"{req.preset} parses {SRC} into {TGT}s; drop --src/--tgt")
+    if req.valid_split or req.test_split:
+        raise NmtError(f"{req.preset} has a fixed split of its files; drop --valid/--test-split")
+    read = read_treebank(TREEBANKS[req.preset], req.source, req.cache_dir)
+    splits: dict[str, SplitSource] = {name: ListPairs(p) for name, p in read.pairs.items() if p}
+    info = {**read.info, "whole_words": list(read.whole_words)}
+    return Corpus(SRC, TGT, splits, info, target_form=target_form)
 
 
 # --- datasets (Hub presets and local files) ------------------------------------------------

@@ -45,6 +45,7 @@ class VocabInputs:
     joint: bool  # the paper's shared source-target vocabulary (section 5.1)
     sample_lines: int  # lines SentencePiece sees, at most (both sides together when joint)
     seed: int
+    whole_words: tuple[str, ...] = ()  # words kept as one piece each (a treebank's brackets)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,9 @@ def build_vocabulary(inputs: VocabInputs, layout: Layout, progress: Progress) ->
         name = "spm.model" if inputs.joint else f"spm.{group[0]}.model"
         with step(progress, "vocab", f"vocabulary {name}", len(chosen)) as work:
             lines = sampled_lines([layout.cleaned("train", side) for side in group], chosen)
-            proto = train_vocab(lines, inputs.size, inputs.character_coverage, inputs.seed)
+            proto = train_vocab(
+                lines, inputs.size, inputs.character_coverage, inputs.seed, inputs.whole_words
+            )
             atomic_write_bytes(layout.out / name, proto)
             files.append(name)
             work.advance(len(chosen))
@@ -142,11 +145,15 @@ def sampled_lines(paths: list[Path], chosen: np.ndarray) -> Iterator[str]:
             fh.close()
 
 
-def train_vocab(lines: Iterator[str], size: int, coverage: float, seed: int) -> bytes:
+def train_vocab(
+    lines: Iterator[str], size: int, coverage: float, seed: int, whole_words: tuple[str, ...] = ()
+) -> bytes:
     """SentencePiece BPE; its limits become errors that say which setting to change."""
     spm.set_random_generator_seed(seed)
     try:
-        return train_sentencepiece(lines, size, character_coverage=coverage, max_sentences=0)
+        return train_sentencepiece(
+            lines, size, character_coverage=coverage, max_sentences=0, whole_words=whole_words
+        )
     except RuntimeError as exc:
         message = str(exc)
         limit = re.search(r"value <= (\d+)", message)

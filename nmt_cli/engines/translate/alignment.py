@@ -2,7 +2,10 @@
 
 SentencePiece marks the first piece of every word with U+2581 ("▁"), so the words of a
 tokenized sentence are recovered from its pieces alone: they are the whitespace-separated
-tokens of the (normalized) text. Special tokens (`<s>`, `</s>`) are words of their own.
+tokens of the (normalized) text. subword-nmt's BPE (fairseq's models, imported) marks the
+other way round, every piece but a word's last ending in "@@", and its words are the Moses
+tokens. A sentence whose pieces carry no "▁" at all is BPE (SentencePiece marks at least
+its first word). Special tokens (`<s>`, `</s>`) are words of their own.
 
 Merging an attention matrix (rows attend, columns are attended to) into words follows
 Clark et al. (2019, "What does BERT look at?"): attention *to* a word is the sum of the
@@ -21,32 +24,41 @@ from collections.abc import Sequence
 import numpy as np
 
 WORD_START = "\u2581"
+BPE_CONTINUES = "@@"  # subword-nmt: this piece and the next are one word
 SPECIAL = ("<s>", "</s>", "<pad>", "<unk>")
 
 # The sentence every legend carries when pieces were merged into words.
 MERGE_NOTE = "words: attention to a word sums its pieces, attention from a word averages them"
 
 
+def _is_bpe(pieces: Sequence[str]) -> bool:
+    return not any(piece.startswith(WORD_START) for piece in pieces)
+
+
 def word_groups(pieces: Sequence[str]) -> list[int]:
-    """The word index of every piece: a new word at each piece that starts with "▁", at
-    each special token, and right after a special token."""
+    """The word index of every piece: a new word at each piece that starts with "▁" (BPE:
+    after each piece that does not end with "@@"), at each special token, and right
+    after a special token."""
+    bpe = _is_bpe(pieces)
     groups: list[int] = []
     word = -1
-    after_special = True
+    after_special = continues = True
     for piece in pieces:
         special = piece in SPECIAL
-        if special or after_special or piece.startswith(WORD_START):
+        starts = not continues if bpe else piece.startswith(WORD_START)
+        if special or after_special or starts:
             word += 1
         groups.append(word)
-        after_special = special
+        after_special, continues = special, piece.endswith(BPE_CONTINUES)
     return groups
 
 
 def word_labels(pieces: Sequence[str]) -> list[str]:
-    """The words themselves, pieces joined without their "▁" markers."""
+    """The words themselves, pieces joined without their "▁" (or "@@") markers."""
+    marker = BPE_CONTINUES if _is_bpe(pieces) else WORD_START
     words: list[str] = []
     for piece, group in zip(pieces, word_groups(pieces), strict=True):
-        text = piece if piece in SPECIAL else piece.replace(WORD_START, "")
+        text = piece if piece in SPECIAL else piece.replace(marker, "")
         if group == len(words):
             words.append(text)
         else:

@@ -55,9 +55,10 @@ def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
 
 
 def warn_fallback(reason: str) -> None:
-    """The API's default report of a compiled step that could not be built."""
+    """The API's default report of a model decoded without the compiled step (it could
+    not be built here, or the model has settings it does not implement)."""
     warnings.warn(
-        f"nmt: decoding with the Python step, the compiled one is unavailable: {reason}",
+        f"nmt: decoding with the Python step: {reason}",
         RuntimeWarning,
         stacklevel=3,
     )
