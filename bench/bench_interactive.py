@@ -9,8 +9,9 @@ then writes the next: the latency a program talking to the command sees. Beside 
 the same run: nmt's Translator in this process on one line at a time (batch 1, the
 command's default thread layout and precision), and CTranslate2 (exported with
 `nmt export`, see peer_ct2.py) on one line at a time with one thread, in a process of
-its own pinned to one core (it never shares a process with PyTorch's threads). Prints median and 90th-percentile latency and lines/s. The first line of each
-system is a warm-up (loading, kernels) and is not counted.
+its own pinned to one core (it never shares a process with PyTorch's threads). Prints
+median and 90th-percentile latency and lines/s. The first line of each system is a
+warm-up (loading, kernels) and is not counted.
 """
 
 from __future__ import annotations

@@ -430,7 +430,10 @@ def test_a_build_that_fails_is_reported_and_decoding_stays_in_python(
         on_compile=lambda: told.append("compiling"),
         on_fallback=told.append,
     )
-    assert told == ["compiling", "no C++ compiler (c++) on PATH"]
+    assert told == [
+        "compiling",
+        "the compiled step could not be built: no C++ compiler (c++) on PATH",
+    ]
     assert isinstance(model, CpuDecoder) and model.step is None
     packed = model.model.decoder[0].ffn.w1
     if packed_bf16_available():  # packed for oneDNN alone, without the module's kernel

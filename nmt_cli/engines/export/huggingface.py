@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -151,25 +151,44 @@ def marian_state(ckpt: Checkpoint) -> dict[str, Tensor]:
     out["model.encoder.embed_positions.weight"] = table
     out["model.decoder.embed_positions.weight"] = table
 
+    for ours, theirs, axis in marian_layer_names(cfg):
+        parts = w[ours].float().chunk(len(theirs))
+        for name, part in zip(theirs, parts, strict=True):
+            out[name] = rows(part) if axis == "rows" else cols(part) if axis == "cols" else part
+    return out
+
+
+# Where a tensor's d_model axis lies, for the permutation between the two layouts:
+# its output axis ("rows", or a 1-d tensor), its input axis ("cols"), or none.
+DModelAxis = Literal["rows", "cols", "none"]
+
+
+def marian_layer_names(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...], DModelAxis]]:
+    """Every layer tensor of ours, the MarianMT tensors it holds (several: our fused
+    projection's rows are theirs stacked in order), and its d_model axis. The one
+    definition of the layer mapping: `nmt export` splits along it, `nmt import` stacks."""
+    names: list[tuple[str, tuple[str, ...], DModelAxis]] = []
+
     def attention(ours: str, theirs: str, fused: dict[str, str]) -> None:
-        """fused: our projection -> the Marian projections its rows hold, in order."""
         for name, parts in fused.items():
-            weights = w[f"{ours}.{name}.weight"].float().chunk(len(parts))
-            biases = w[f"{ours}.{name}.bias"].float().chunk(len(parts))
-            for part, weight, bias in zip(parts, weights, biases, strict=True):
-                out[f"{theirs}.{part}_proj.weight"] = cols(weight)
-                out[f"{theirs}.{part}_proj.bias"] = bias.contiguous()
-        out[f"{theirs}.out_proj.weight"] = rows(w[f"{ours}.out.weight"])
-        out[f"{theirs}.out_proj.bias"] = rows(w[f"{ours}.out.bias"])
+            projections = [f"{theirs}.{part}_proj" for part in parts]
+            names.append(
+                (f"{ours}.{name}.weight", tuple(p + ".weight" for p in projections), "cols")
+            )
+            names.append((f"{ours}.{name}.bias", tuple(p + ".bias" for p in projections), "none"))
+        names.append((f"{ours}.out.weight", (f"{theirs}.out_proj.weight",), "rows"))
+        names.append((f"{ours}.out.bias", (f"{theirs}.out_proj.bias",), "rows"))
 
     def ffn_and_norms(ours: str, theirs: str, norms: dict[str, str]) -> None:
-        out[f"{theirs}.fc1.weight"] = cols(w[f"{ours}.ffn.w1.weight"])
-        out[f"{theirs}.fc1.bias"] = w[f"{ours}.ffn.w1.bias"].float()
-        out[f"{theirs}.fc2.weight"] = rows(w[f"{ours}.ffn.w2.weight"])
-        out[f"{theirs}.fc2.bias"] = rows(w[f"{ours}.ffn.w2.bias"])
+        names.append((f"{ours}.ffn.w1.weight", (f"{theirs}.fc1.weight",), "cols"))
+        names.append((f"{ours}.ffn.w1.bias", (f"{theirs}.fc1.bias",), "none"))
+        names.append((f"{ours}.ffn.w2.weight", (f"{theirs}.fc2.weight",), "rows"))
+        names.append((f"{ours}.ffn.w2.bias", (f"{theirs}.fc2.bias",), "rows"))
         for our_norm, their_norm in norms.items():
-            out[f"{theirs}.{their_norm}.weight"] = rows(w[f"{ours}.{our_norm}.weight"])
-            out[f"{theirs}.{their_norm}.bias"] = rows(w[f"{ours}.{our_norm}.bias"])
+            for kind in ("weight", "bias"):
+                names.append(
+                    (f"{ours}.{our_norm}.{kind}", (f"{theirs}.{their_norm}.{kind}",), "rows")
+                )
 
     for i in range(cfg.encoder_layers):
         ours, theirs = f"encoder.{i}", f"model.encoder.layers.{i}"
@@ -179,16 +198,9 @@ def marian_state(ckpt: Checkpoint) -> dict[str, Tensor]:
         ours, theirs = f"decoder.{i}", f"model.decoder.layers.{i}"
         attention(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
         attention(f"{ours}.cross_attn", f"{theirs}.encoder_attn", {"q": "q", "kv": "kv"})
-        ffn_and_norms(
-            ours,
-            theirs,
-            {
-                "norm1": "self_attn_layer_norm",
-                "norm2": "encoder_attn_layer_norm",
-                "norm3": "final_layer_norm",
-            },
-        )
-    return out
+        norms = {"norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm"}
+        ffn_and_norms(ours, theirs, {**norms, "norm3": "final_layer_norm"})
+    return names
 
 
 def sinusoidal_positions_marian(cfg: ModelConfig) -> Tensor:

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from nmt_cli.core.model_config import Activation, ModelConfig
 from nmt_cli.core.vocab import BOS_ID, PAD_ID, VocabPair
-from nmt_cli.engines.export.huggingface import marian_permutation
+from nmt_cli.engines.export.huggingface import marian_layer_names, marian_permutation
 from nmt_cli.engines.importing.common import (
     BOS_BIAS_GAP,
     Imported,
@@ -256,7 +256,8 @@ def _output_bias(
 
 
 def _layers(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """Every layer's weights under nmt's names, the d_model axes permuted back."""
+    """Every layer's weights under nmt's names, the d_model axes permuted back: the
+    export's mapping (marian_layer_names) read the other way."""
     rows, cols = unpermute(marian_permutation(cfg.d_model))
     out: dict[str, Tensor] = {}
 
@@ -266,31 +267,8 @@ def _layers(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
         except KeyError:
             raise refuse(f"the weights lack {name}") from None
 
-    def attention(ours: str, theirs: str, fused: dict[str, str]) -> None:
-        for name, parts in fused.items():
-            ws = [cols(get(f"{theirs}.{p}_proj.weight")) for p in parts]
-            out[f"{ours}.{name}.weight"] = torch.cat(ws)
-            out[f"{ours}.{name}.bias"] = torch.cat([get(f"{theirs}.{p}_proj.bias") for p in parts])
-        out[f"{ours}.out.weight"] = rows(get(f"{theirs}.out_proj.weight"))
-        out[f"{ours}.out.bias"] = rows(get(f"{theirs}.out_proj.bias"))
-
-    def ffn_and_norms(ours: str, theirs: str, norms: dict[str, str]) -> None:
-        out[f"{ours}.ffn.w1.weight"] = cols(get(f"{theirs}.fc1.weight"))
-        out[f"{ours}.ffn.w1.bias"] = get(f"{theirs}.fc1.bias")
-        out[f"{ours}.ffn.w2.weight"] = rows(get(f"{theirs}.fc2.weight"))
-        out[f"{ours}.ffn.w2.bias"] = rows(get(f"{theirs}.fc2.bias"))
-        for our_norm, their_norm in norms.items():
-            out[f"{ours}.{our_norm}.weight"] = rows(get(f"{theirs}.{their_norm}.weight"))
-            out[f"{ours}.{our_norm}.bias"] = rows(get(f"{theirs}.{their_norm}.bias"))
-
-    for i in range(cfg.encoder_layers):
-        ours, theirs = f"encoder.{i}", f"model.encoder.layers.{i}"
-        attention(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
-        ffn_and_norms(ours, theirs, {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"})
-    for i in range(cfg.decoder_layers):
-        ours, theirs = f"decoder.{i}", f"model.decoder.layers.{i}"
-        attention(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
-        attention(f"{ours}.cross_attn", f"{theirs}.encoder_attn", {"q": "q", "kv": "kv"})
-        norms = {"norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm"}
-        ffn_and_norms(ours, theirs, {**norms, "norm3": "final_layer_norm"})
+    for ours, theirs, axis in marian_layer_names(cfg):
+        parts = [get(name).float() for name in theirs]
+        parts = [rows(t) if axis == "rows" else cols(t) if axis == "cols" else t for t in parts]
+        out[ours] = torch.cat(parts).contiguous()
     return out
