@@ -72,7 +72,7 @@ def serve(
     max_batch: int = typer.Option(
         0,
         "--max-batch",
-        help="Sentences decoded at once; 0: batch x workers.",
+        help="Sentences a lane decodes at once; 0: --batch-size.",
         show_default=False,
     ),
     queue_limit: int = typer.Option(2048, "--queue-limit", help="Sentences waiting, at most."),

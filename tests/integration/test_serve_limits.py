@@ -102,11 +102,14 @@ class Later:
         return self.reply
 
 
-def blocked(server: ServeProcess) -> Later:
-    """A two-sentence request, in decoding on the paused workers once this returns."""
-    request = Later(native, server, {"text": ["the cat", "a dog"]})
-    wait_for(server, f"nmt_decoding_sentences{{{PAIR}}}", 2)
-    return request
+def blocked(server: ServeProcess) -> list[Later]:
+    """Two one-sentence requests, one in each decoding lane (a lane a worker), both in
+    decoding on the paused workers once this returns: what comes next waits in the queue."""
+    requests = []
+    for text in ("the cat", "a dog"):
+        requests.append(Later(native, server, {"text": [text]}))
+        wait_for(server, f"nmt_decoding_sentences{{{PAIR}}}", len(requests))
+    return requests
 
 
 def test_a_body_over_the_limit_is_413_unread(server: ServeProcess) -> None:
@@ -203,7 +206,7 @@ def test_a_full_queue_is_503_or_429_with_retry_after_and_nothing_is_kept(
     server: ServeProcess,
 ) -> None:
     with server.paused_workers():
-        first = blocked(server)
+        firsts = blocked(server)
         waiting = [Later(native, server, {"text": ["a", "b", "c", "d"]}) for _ in range(2)]
         wait_for(server, f"nmt_queue_sentences{{{PAIR}}}", 8)
         full = native(server, {"text": "the dog"})
@@ -216,7 +219,8 @@ def test_a_full_queue_is_503_or_429_with_retry_after_and_nothing_is_kept(
         # the waiting ones pass their deadline (--timeout 3) while the batch is decoded
         for request in waiting:
             refused(request.result(), 504, "not ready in time")
-    refused(first.result(), 504)
+    for first in firsts:
+        refused(first.result(), 504)
     wait_for(server, f"nmt_decoding_sentences{{{PAIR}}}", 0)
 
 
@@ -225,14 +229,15 @@ def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(server: Serve
     done = f"nmt_sentences_total{{{PAIR}}}"
     before, dropped_before = metric(server, done), metric(server, dropped)
     with server.paused_workers():
-        first = blocked(server)
+        firsts = blocked(server)
         late = Later(native, server, {"text": ["red dog", "big cat", "the mat"]})
         start = time.monotonic()
         refused(late.result(), 504, "not ready in time", "dropped")
         assert 2.5 < time.monotonic() - start < 15
         assert metric(server, dropped) == dropped_before + 3
         assert metric(server, f"nmt_queue_sentences{{{PAIR}}}") == 0
-    first.result()
+    for first in firsts:
+        first.result()
     wait_for(server, f"nmt_decoding_sentences{{{PAIR}}}", 0)
     assert metric(server, done) == before + 2  # the blocked batch only
 
@@ -242,7 +247,7 @@ def test_a_client_that_leaves_costs_nothing_more(server: ServeProcess) -> None:
     done = f"nmt_sentences_total{{{PAIR}}}"
     before, dropped_before = metric(server, done), metric(server, dropped)
     with server.paused_workers():
-        first = blocked(server)
+        firsts = blocked(server)
         body = b'{"text": ["red dog", "big cat", "the mat"]}'
         head = (
             f"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -253,7 +258,8 @@ def test_a_client_that_leaves_costs_nothing_more(server: ServeProcess) -> None:
             wait_for(server, f"nmt_queue_sentences{{{PAIR}}}", 3)
         wait_for(server, dropped, dropped_before + 3)
         assert metric(server, f"nmt_queue_sentences{{{PAIR}}}") == 0
-    first.result()
+    for first in firsts:
+        first.result()
     wait_for(server, f"nmt_decoding_sentences{{{PAIR}}}", 0)
     assert metric(server, done) == before + 2
 
@@ -319,8 +325,8 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(server: ServeProcess
                 break
             assert time.monotonic() < deadline, "still accepting after SIGTERM"
             time.sleep(0.05)
-    reply = in_flight.result()
-    assert reply.status == 200 and len(reply.json()["translations"]) == 2
+    replies = [request.result() for request in in_flight]
+    assert all(r.status == 200 and len(r.json()["translations"]) == 1 for r in replies)
     assert server.proc.wait(30) == 0
     output = server.output()
     assert "stopping: finishing the requests in flight" in output and "stopped" in output

@@ -144,3 +144,25 @@ def test_stopping_refuses_new_work_and_answers_what_waited() -> None:
     with pytest.raises(Stopping):
         queue.submit(["b"], PLAIN, 10)
     assert model.calls == []
+
+
+def test_free_lanes_share_what_waits_and_decode_side_by_side() -> None:
+    """Two lanes (a lane a worker process): eight waiting sentences become two batches of
+    four, decoded at the same time, and each job still gets its own answer."""
+    model = Model()
+    model.gate.clear()
+    inside = threading.Semaphore(0)
+
+    def decode(lines: list[str], options: Options) -> list[Translation]:
+        inside.release()
+        return model.decode(lines, options)
+
+    queue = Batcher("en-de", decode, Metrics(), 100, 10, 0.1, lanes=2)
+    jobs = [queue.submit([f"s{i}"], PLAIN, 10) for i in range(8)]
+    queue.start()
+    assert inside.acquire(timeout=5) and inside.acquire(timeout=5)  # both lanes inside
+    model.gate.set()
+    assert [texts(job.future.result(5)) for job in jobs] == [[f"S{i}"] for i in range(8)]
+    assert sorted(len(lines) for lines, _ in model.calls) == [4, 4]
+    assert 'nmt_decoding_sentences{pair="en-de"} 0' in queue.metrics.render({}, True)
+    assert queue.stop(5)

@@ -1,12 +1,16 @@
-"""Batching across requests: one queue and one decoding thread per model.
+"""Batching across requests: one queue per model, and its decoding lanes.
 
 A request's sentences go on the model's queue as one `Job` with its decoding options, its
-deadline and a future. The decoding thread takes the first job, waits up to `gather_s` for
-more (or until `max_batch` sentences wait), takes jobs in arrival order up to `max_batch`
-sentences, and decodes those that share options together: one call of `decode` with all
-their sentences, which sorts them by length into batches as `nmt translate` does. Each
-job's future then gets its own results, in its own order. The event loop never decodes:
-it only puts jobs on the queue and awaits their futures.
+deadline and a future. A lane (a thread; one per worker process of the model) takes the
+first job, waits up to `gather_s` for more (or until `max_batch` sentences wait), takes
+jobs in arrival order up to its share of what waits (an even split among the lanes that
+are free, at most `max_batch`), and decodes those that share options together: one call
+of `decode` with all their sentences, which sorts them by length into a batch as `nmt
+translate` does. Each job's future then gets its own results, in its own order. The
+lanes work side by side: while one lane's batch decodes on one core, the next requests
+gather for the next free lane, so under load every core decodes a batch as large as the
+waiting requests make it, with no lane waiting for another's straggler. The event loop
+never decodes: it only puts jobs on the queue and awaits their futures.
 
 Memory stays bounded: the queue holds at most `queue_sentences` sentences (a request that
 would pass it is refused with `QueueFull` at once, never parked), a job whose deadline has
@@ -16,6 +20,7 @@ gave up on is taken off the queue (`withdraw`) before it costs any decoding.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -75,14 +80,19 @@ class Batcher:
         queue_sentences: int,
         max_batch: int,
         gather_s: float,
+        lanes: int = 1,
     ) -> None:
         self.pair, self.decode, self.metrics = pair, decode, metrics
         self.limit, self.max_batch, self.gather_s = queue_sentences, max_batch, gather_s
         self._jobs: deque[Job] = deque()
         self._queued = 0  # sentences in _jobs
+        self._free = 0  # lanes waiting for work
         self._cond = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"nmt-serve-{pair}", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._run, name=f"nmt-serve-{pair}-{i}", daemon=True)
+            for i in range(max(1, lanes))
+        ]
 
     @property
     def queued(self) -> int:
@@ -91,11 +101,12 @@ class Batcher:
             return self._queued
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, wait_s: float) -> bool:
         """Decode nothing new; jobs still queued get `Stopping`. Waits up to `wait_s` for
-        the batch being decoded; returns whether the thread ended."""
+        the batches being decoded; returns whether every lane ended."""
         with self._cond:
             self._stopping = True
             left = list(self._jobs)
@@ -106,9 +117,11 @@ class Batcher:
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(Stopping())
             self.metrics.dropped(self.pair, "stopping", len(job.sentences))
-        if self._thread.is_alive():
-            self._thread.join(wait_s)
-        return not self._thread.is_alive()
+        until = time.monotonic() + wait_s
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(max(0.0, until - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
 
     def submit(self, sentences: list[str], options: Options, timeout_s: float) -> Job:
         """Queue `sentences`; raises QueueFull (nothing queued) or Stopping."""
@@ -145,37 +158,50 @@ class Batcher:
                 self._decode(options, group)
 
     def _take(self) -> list[Job] | None:
-        """The next jobs to decode (possibly none, when all had expired); None: stop."""
+        """A lane's next jobs (possibly none: they had expired, or other free lanes took
+        them); None: stop."""
         with self._cond:
-            while not self._jobs and not self._stopping:
-                self._cond.wait()
-            if self._stopping:
-                return None
-            gathered = self._jobs[0].arrived + self.gather_s
-            while self._queued < self.max_batch and not self._stopping:
-                left = gathered - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            now, sentences = time.monotonic(), 0
-            taken: list[Job] = []
-            expired: list[Job] = []
-            while self._jobs:
-                job = self._jobs[0]
-                if taken and sentences + len(job.sentences) > self.max_batch:
-                    break
-                self._jobs.popleft()
-                self._queued -= len(job.sentences)
-                if job.deadline <= now:
-                    expired.append(job)
-                elif job.future.set_running_or_notify_cancel():  # False: cancelled
-                    taken.append(job)
-                    sentences += len(job.sentences)
+            self._free += 1
+            try:
+                taken, expired = self._gather()
+            finally:
+                self._free -= 1
         for job in expired:
             if job.future.set_running_or_notify_cancel():  # False: its client cancelled it
                 job.future.set_exception(DeadlineExceeded())
             self.metrics.dropped(self.pair, "timeout", len(job.sentences))
         return taken
+
+    def _gather(self) -> tuple[list[Job] | None, list[Job]]:
+        """Under the lock, as a free lane: wait for work and the gather window, then take
+        this lane's share in arrival order; also the jobs found past their deadline."""
+        while not self._jobs and not self._stopping:
+            self._cond.wait()
+        if self._stopping:
+            return None, []
+        gathered = self._jobs[0].arrived + self.gather_s
+        while self._queued < self.max_batch and not self._stopping:
+            left = gathered - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        # An even share for every free lane, so that the cores decode side by side.
+        share = min(self.max_batch, math.ceil(self._queued / self._free))
+        now, sentences = time.monotonic(), 0
+        taken: list[Job] = []
+        expired: list[Job] = []
+        while self._jobs:
+            job = self._jobs[0]
+            if taken and sentences + len(job.sentences) > share:
+                break
+            self._jobs.popleft()
+            self._queued -= len(job.sentences)
+            if job.deadline <= now:
+                expired.append(job)
+            elif job.future.set_running_or_notify_cancel():  # False: cancelled
+                taken.append(job)
+                sentences += len(job.sentences)
+        return taken, expired
 
     def _decode(self, options: Options, jobs: list[Job]) -> None:
         lines = [sentence for job in jobs for sentence in job.sentences]
@@ -187,7 +213,7 @@ class Batcher:
                 job.future.set_exception(exc)
             return
         finally:
-            self.metrics.decoding(self.pair, 0)
+            self.metrics.decoding(self.pair, -len(lines))
         tokens = sum(r.hypotheses[0].length for r in results if r.hypotheses)
         self.metrics.decoded(self.pair, len(lines), tokens)
         start = 0

@@ -68,10 +68,10 @@ class Metrics:
             self._requests[route, status] += 1
             self._latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
 
-    def decoding(self, pair: str, sentences: int) -> None:
-        """`sentences` are being decoded now (0: none)."""
+    def decoding(self, pair: str, change: int) -> None:
+        """`change` more sentences are being decoded now (negative: that many ended)."""
         with self._lock:
-            self._decoding[pair] = sentences
+            self._decoding[pair] += change
 
     def decoded(self, pair: str, sentences: int, tokens: int) -> None:
         """One batch of `sentences` gathered from the queue and decoded together."""

@@ -6,18 +6,19 @@ decoding settings and CPU threads), so the server and `nmt translate` give the s
 for the same settings. Its language pair is the one its training recipe recorded
 (`data.src`, `data.tgt`), or the `--pair` given for it; two models of one pair are refused.
 
-Requests that keep the server's decoding settings decode with that translator, on all its
-worker processes. A request that asks for another beam, n-best size or alignments gets a
-variant: a `Translator` sharing the same model and vocabularies with those settings. The
-workers were forked with the server's settings and decode only those, so a variant decodes
-its batches in the decoding thread, one after another, on that thread's CPU threads.
+Requests that keep the server's decoding settings decode with that translator, on its
+worker processes: one decoding lane of the queue per worker, each lane's batch sent to a
+free worker (batcher.py). A request that asks for another beam, n-best size, alignments
+or attention gets a variant: a `Translator` sharing the same model and vocabularies with
+those settings. The workers were forked with the server's settings and decode only those,
+so a variant decodes in the server's process, one batch at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -76,8 +77,8 @@ class Model:
     ) -> None:
         self.pair, self.translator, self.alignment_layer = pair, translator, alignment_layer
         self.defaults = Options(translator.cfg.beam_size, translator.cfg.nbest)
-        # Enough sentences to give every worker a batch, unless told otherwise.
-        self.max_batch = config.max_batch or translator.batch_sentences * translator.workers
+        # A lane's batch: `nmt translate`'s, unless told otherwise.
+        self.max_batch = config.max_batch or translator.batch_sentences
         self.batcher = Batcher(
             str(pair),
             self.decode,
@@ -85,15 +86,18 @@ class Model:
             config.queue_sentences,
             self.max_batch,
             config.gather_ms / 1000,
+            lanes=translator.workers,
         )
         self._variants: OrderedDict[Options, Translator] = OrderedDict()
+        self._in_process = threading.Lock()  # variants decode here, one batch at a time
 
     def decode(self, lines: list[str], options: Options) -> list[Translation]:
-        """Translate `lines` with `options` (in the decoding thread). A chunk smaller than a
-        batch per worker is cut into one batch per worker, so that every core decodes."""
-        translator = self._translator(options)
-        per_batch = math.ceil(len(lines) / translator.workers) if lines else 1
-        return translator.translate_chunk(lines, options.attention, per_batch)
+        """Translate `lines` with `options` (in a decoding lane): with the server's own
+        settings on a free worker process, with others in this process."""
+        if options == self.defaults:
+            return self.translator.translate_chunk(lines, pooled=True)
+        with self._in_process:
+            return self._translator(options).translate_chunk(lines, options.attention)
 
     def warm_up(self) -> None:
         """One short translation: the first decoding of a process builds its kernels."""

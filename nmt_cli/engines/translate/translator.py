@@ -215,21 +215,20 @@ class Translator:
             yield from self.translate_chunk(chunk, attention)
 
     def translate_chunk(
-        self, lines: Sequence[str], attention: bool = False, batch_sentences: int | None = None
+        self, lines: Sequence[str], attention: bool = False, pooled: bool = False
     ) -> list[Translation]:
         """One chunk: `lines` sorted by length into batches together, results in their order.
-        `batch_sentences` caps a batch below the configured size (a server cuts a small
-        chunk into one batch per worker)."""
+        `pooled` sends even a single batch to a worker process (a server's decoding lanes
+        each hand theirs to a free worker, side by side) where there are several."""
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
         ids = [x[: self.max_source] for x in ids]
         hyps: list[list[Hypothesis]] = [[] for _ in lines]
         order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
-        size = min(self.batch_sentences, batch_sentences or self.batch_sentences)
-        batches = list(length_batches(order, ids, size, self.cfg.batch_tokens))
+        batches = list(length_batches(order, ids, self.batch_sentences, self.cfg.batch_tokens))
 
         rows = [[ids[i] for i in batch] for batch in batches]
-        if self.workers > 1 and len(batches) > 1:
+        if self.workers > 1 and (len(batches) > 1 or (pooled and batches)):
             # Batches decoded side by side, one worker each: on small CPUs this beats
             # spreading every small matrix product over all cores (see set_threads).
             decoded = self._workers().map(rows, attention)
