@@ -378,6 +378,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--beam", type=int, help="for every system (default: nmt's)")
     parser.add_argument("--threads", type=int, help="for every system (default: all cores)")
     parser.add_argument("--workers", type=int, help="for every system (default: nmt's)")
+    parser.add_argument(
+        "--server-flags", default="", help="more `nmt serve` flags, e.g. '--gather-ms 20'"
+    )
     parser.add_argument("--skip", default="", help="comma list: offline,single")
     parser.add_argument("--start-timeout", type=float, default=600, help="seconds to healthy")
     args = parser.parse_args()
@@ -414,7 +417,7 @@ def main() -> None:
         print(f"  {single.describe()} ({len(single.seconds)} sentences)", flush=True)
     levels: list[Level] = []
     with tempfile.TemporaryFile() as log:
-        server = Server(args.model, decoding, args.start_timeout, log)
+        server = Server(args.model, decoding + args.server_flags.split(), args.start_timeout, log)
         try:
             pair = languages(server.port)
             closed_loop(server.port, pair, lines, 2, 2)  # warm-up: connections, first batches
