@@ -8,11 +8,11 @@ the same tokens and scores as recomputing every prefix through the teacher-force
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from recompute import FullRecompute
 from reverser import reverse_batch
 from torch import Tensor, nn
 
@@ -158,52 +158,6 @@ def test_int8_keeps_a_trained_model_exact(reverser: Transformer) -> None:
     src, _, tgt_out = reverse_batch(100, torch.Generator().manual_seed(123))
     expected = [[t for t in row.tolist() if t > 3] for row in tgt_out]
     assert [h[0].tokens for h in beam_search(model, src, beam_size=4)] == expected
-
-
-class FullRecompute:
-    """A searchable model with no incremental state: every step runs the teacher-forced
-    decoder over the whole prefix (the training path) and keeps the last position. Its
-    cache is just the prefixes, reordered by search like any other."""
-
-    def __init__(self, model: Transformer) -> None:
-        self.model = model
-        self.max_positions = model.max_positions
-
-    def source_mask(self, src: Tensor) -> Tensor:
-        return self.model.source_mask(src)
-
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        return self.model.encode(src, src_mask)
-
-    def new_cache(self) -> _Prefixes:
-        return _Prefixes()
-
-    def decode_step(
-        self, last: Tensor, memory: Any, src_mask: Tensor, cache: _Prefixes, **_: Any
-    ) -> tuple[Tensor, None]:
-        cache.append(last)
-        memory = memory.index_select(0, cache.rows)  # search reorders only the cache
-        hidden = self.model.decode(cache.tokens, memory, src_mask).hidden
-        return self.model.logits(hidden[:, -1]).float().log_softmax(-1), None
-
-
-class _Prefixes:
-    def __init__(self) -> None:
-        self.tokens = torch.empty(0, 0, dtype=torch.long)
-        self.rows = torch.empty(0, dtype=torch.long)  # each row's sentence in the batch
-
-    def append(self, last: Tensor) -> None:
-        if self.tokens.numel() == 0:
-            self.tokens = last[:, None]
-            self.rows = torch.arange(last.size(0))
-        else:
-            self.tokens = torch.cat([self.tokens, last[:, None]], 1)
-
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
-        self.tokens, self.rows = self.tokens[index], self.rows[index]
-
-    def reserve(self, steps: int) -> None:
-        pass
 
 
 def test_float32_search_equals_recomputing_every_prefix(reverser: Transformer) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from recompute import FullRecompute
 from torch import Tensor
 
 from nmt_cli.config import ConfigError, recipe_from_dict
@@ -207,62 +208,12 @@ def test_step_weights_cover_the_whole_prefix_with_zeros_outside_the_window(
             torch.testing.assert_close(own.sum(-1), torch.ones(2, 2, 1, dtype=own.dtype))
 
 
-class _Recompute:
-    """A Searchable that runs the whole prefix through teacher forcing at every step: no
-    cache to trim or reorder, so beam search over it is the reference."""
-
-    def __init__(self, model: Transformer) -> None:
-        self.model = model
-        self.max_positions = model.max_positions
-
-    def source_mask(self, src: Tensor) -> Tensor:
-        return self.model.source_mask(src)
-
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        return self.model.encode(src, src_mask)
-
-    def new_cache(self) -> _Prefixes:
-        return _Prefixes()
-
-    def decode_step(
-        self,
-        tokens: Tensor,
-        memory: Tensor,
-        src_mask: Tensor,
-        cache: Any,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, None]:
-        cache.add(tokens)
-        hidden = self.model.decode(cache.tokens, memory[cache.rows], src_mask).hidden[:, -1]
-        return self.model.logits(hidden).log_softmax(-1).float(), None
-
-
-class _Prefixes:
-    def __init__(self) -> None:
-        self.length = 0
-        self.tokens = torch.zeros(0, 0, dtype=torch.long)
-        self.rows = torch.zeros(0, dtype=torch.long)  # each row's sentence in `memory`
-
-    def add(self, tokens: Tensor) -> None:
-        if not self.length:
-            self.tokens, self.rows = tokens[:, None], torch.arange(tokens.size(0))
-        else:
-            self.tokens = torch.cat([self.tokens, tokens[:, None]], 1)
-        self.length += 1
-
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
-        self.tokens, self.rows = self.tokens[index], self.rows[index]
-
-    def reserve(self, steps: int) -> None:
-        pass
-
-
 def test_beam_search_with_a_window_equals_search_without_a_cache() -> None:
     model = _model(window=3, seed=2, dtype=torch.float64)
     src, _ = _batch(src_len=14)
     src[:, -1] = 3  # EOS
     got = beam_search(model, src, 3, max_len_b=12, nbest=2)
-    want = beam_search(_Recompute(model), src, 3, max_len_b=12, nbest=2)
+    want = beam_search(FullRecompute(model), src, 3, max_len_b=12, nbest=2)
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
     assert max(len(h.tokens) for s in got for h in s) > 3  # the window was passed
     for a, b in zip(got, want, strict=True):
