@@ -32,7 +32,12 @@ def run(
     from_stage: str = typer.Option("prepare", "--from", help="First stage to run."),
     until: str = typer.Option("score", "--until", help="Last stage to run."),
     gpus: int = typer.Option(0, "--gpus", help="GPUs to train on; 0 = the CPU."),
-    procs: int = typer.Option(1, "--procs", help="CPU processes (gloo) when --gpus is 0."),
+    procs: int | None = typer.Option(
+        None,
+        "--procs",
+        help="CPU processes (DDP over gloo, one thread each) when --gpus is 0; default: "
+        "one, or one per core when a probe at start measures that faster.",
+    ),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=SET_HELP),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
@@ -52,7 +57,7 @@ def run(
 
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
-        for flag, value in (("--gpus", gpus), ("--procs", procs)):
+        for flag, value in (("--gpus", gpus), ("--procs", procs or 0)):
             if value < 0:
                 raise UsageError(f"{flag} must not be negative, got {value}")
         options = RunOptions(from_stage=from_stage, until_stage=until, gpus=gpus, procs=procs)

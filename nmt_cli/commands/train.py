@@ -27,7 +27,12 @@ def train(
         ..., metavar="RECIPE", help="Recipe TOML file, e.g. recipes/base.toml."
     ),
     gpus: int = typer.Option(0, "--gpus", help="GPUs, one DDP process each; 0 = the CPU."),
-    procs: int = typer.Option(1, "--procs", help="CPU processes (gloo) when --gpus is 0."),
+    procs: int | None = typer.Option(
+        None,
+        "--procs",
+        help="CPU processes (DDP over gloo, one thread each) when --gpus is 0; default: "
+        "one, or one per core when a probe at start measures that faster.",
+    ),
     run_dir: str | None = typer.Option(
         None, "--run-dir", help="Run directory; default: the recipe's train.run_dir."
     ),
@@ -64,7 +69,7 @@ def train(
 
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
-        for flag, value in (("--gpus", gpus), ("--procs", procs)):
+        for flag, value in (("--gpus", gpus), ("--procs", procs or 0)):
             if value < 0:
                 raise UsageError(f"{flag} must not be negative, got {value}")
         if vocab_size is not None and vocab_size < 8:

@@ -53,7 +53,7 @@ class RunOptions:
     from_stage: str = "prepare"
     until_stage: str = "score"
     gpus: int = 0
-    procs: int = 1
+    procs: int | None = None  # None: nmt train's choice (engines/train/layout.py)
 
     def __post_init__(self) -> None:
         for name in (self.from_stage, self.until_stage):

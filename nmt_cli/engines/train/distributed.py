@@ -70,7 +70,7 @@ class LaunchSpec:
         return self.gpus if self.gpus > 0 else self.procs
 
 
-def _under_torchrun() -> bool:
+def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
@@ -79,7 +79,7 @@ def check_devices(spec: LaunchSpec) -> None:
         raise DistributedError("--gpus must be >= 0 and --procs >= 1")
     if spec.gpus > 0 and spec.procs > 1:
         raise DistributedError("--procs is for CPU training; with --gpus N, N processes run")
-    if spec.gpus > 0 and not _under_torchrun():
+    if spec.gpus > 0 and not under_torchrun():
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < spec.gpus:
             raise DistributedError(
@@ -193,7 +193,7 @@ def launch(
     """
     check_devices(spec)
     use_cuda = spec.gpus > 0
-    if _under_torchrun():
+    if under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", "0"))
         ctx = init_process(rank, world, local, use_cuda, spec.timeout_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -53,11 +54,18 @@ def derive_split(
     return BatchSplit(train.batch_tokens, world, accum, math.ceil(padded / accum), fraction)
 
 
+HostBatches = list[tuple[Batch, float]]
+
+
 class TrainFeed:
     """This rank's view of the training split, update after update.
 
-    `prefetch` collates the next update's batches and starts their copy to the device
-    ahead of time; `micro_batches` then hands them out instead of building them again.
+    With `background`, each call of `micro_batches` starts collating the next update's
+    batches in a worker thread, which runs while this update computes (the matrix
+    products release the GIL): the training thread then only takes them, instead of
+    spending milliseconds of Python on padding (host time a GPU waits for). `prefetch`
+    also starts their copy to the device ahead of time; `micro_batches` then hands them
+    out instead of building them again.
     """
 
     def __init__(
@@ -70,12 +78,17 @@ class TrainFeed:
         max_epochs: int,
         name: str,
         multiple: int = 1,
+        background: bool = False,
     ) -> None:
         self.src, self.tgt, self.name = src, tgt, name
         self.split, self.seed, self.max_epochs = split, seed, max_epochs
         self.rank, self.device = ctx.rank, ctx.device
         self.multiple = multiple
-        self._ahead: tuple[EpochPlan, int, list[tuple[Batch, float]]] | None = None
+        self._ahead: tuple[EpochPlan, int, HostBatches] | None = None  # on the device
+        self._worker = (
+            ThreadPoolExecutor(1, thread_name_prefix="nmt-batches") if background else None
+        )
+        self._collating: tuple[EpochPlan, int, Future[HostBatches]] | None = None
 
     def plan(self, epoch: int) -> EpochPlan:
         return plan_epoch(
@@ -104,25 +117,47 @@ class TrainFeed:
             pos.epoch += 1
             pos.batches_done = 0
 
-    def micro_batches(self, plan: EpochPlan, update: int) -> list[tuple[Batch, float]]:
+    def micro_batches(self, plan: EpochPlan, update: int) -> HostBatches:
         """(batch on this rank's device, weight) for each of this rank's slots; an empty
         slot of the last update runs the update's first batch with weight 0 (every rank
         must run as many passes)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] is plan and ahead[1] == update:
-            return ahead[2]
+            out = ahead[2]
+        else:
+            out = [(b.to(self.device), w) for b, w in self._host_batches(plan, update)]
+        if self._worker is not None and update + 1 < plan.updates:
+            next_batches = self._worker.submit(self._collate, plan, update + 1)
+            self._collating = (plan, update + 1, next_batches)
+        return out
+
+    def _host_batches(self, plan: EpochPlan, update: int) -> HostBatches:
+        """The update's batches in host memory: the worker's, when it prepared these."""
+        collating, self._collating = self._collating, None
+        if collating is not None and collating[0] is plan and collating[1] == update:
+            return collating[2].result()  # a collation error surfaces here
+        return self._collate(plan, update)
+
+    def _collate(self, plan: EpochPlan, update: int) -> HostBatches:
         stand_in = update * plan.slots  # the update's first batch always exists
         out = []
         for slot in plan.rank_slots(update, self.rank):
             index = stand_in if slot is None else slot
             batch = collate(self.src, self.tgt, plan.batches[index], self.multiple)
-            out.append((batch.to(self.device), 0.0 if slot is None else 1.0))
+            out.append((batch, 0.0 if slot is None else 1.0))
         return out
+
+    def close(self) -> None:
+        """Stop the worker thread (what it is collating is dropped)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True, cancel_futures=True)
+            self._worker = None
 
     def prefetch(self, plan: EpochPlan, update: int) -> None:
         """Prepare `update` of `plan` now (within the epoch; past its end, nothing)."""
         if update < plan.updates:
-            self._ahead = (plan, update, self.micro_batches(plan, update))
+            host = self._host_batches(plan, update)
+            self._ahead = (plan, update, [(b.to(self.device), w) for b, w in host])
 
     def update_flops(self, plan: EpochPlan, update: int, cfg: ModelConfig) -> float:
         """Training FLOPs of the whole update over all ranks, on the padded shapes."""

@@ -46,9 +46,16 @@ from nmt_cli.engines.train.checkpoints import (
 )
 from nmt_cli.engines.train.data_record import data_record, reconcile
 from nmt_cli.engines.train.device_choices import announcement, choose
-from nmt_cli.engines.train.distributed import DistContext, LaunchSpec, check_devices, launch
+from nmt_cli.engines.train.distributed import (
+    DistContext,
+    LaunchSpec,
+    check_devices,
+    launch,
+    under_torchrun,
+)
 from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
+from nmt_cli.engines.train.layout import layout_of
 from nmt_cli.engines.train.plan import TrainPlan, plan_training
 from nmt_cli.engines.train.report import EventSink, Reporter
 from nmt_cli.engines.train.run_dir import RunDir
@@ -66,7 +73,9 @@ class TrainOptions:
 
     run_dir: str | None = None  # overrides train.run_dir
     gpus: int = 0  # 0 = CPU
-    procs: int = 1  # CPU processes over gloo (with gpus == 0)
+    # CPU processes over gloo (with gpus == 0); None: one, or one per core where that
+    # measures faster (layout.py)
+    procs: int | None = None
     dist_timeout_s: float = 600.0  # start-up and collective timeout
     max_nonfinite: int = 20  # consecutive skipped updates before training gives up
 
@@ -93,8 +102,7 @@ def train(
 ) -> TrainResult:
     """Train `recipe`'s model; resumes when the run directory has a last checkpoint."""
     options = options or TrainOptions()
-    spec = LaunchSpec(options.gpus, options.procs, options.dist_timeout_s)
-    check_devices(spec)
+    check_devices(LaunchSpec(options.gpus, options.procs or 1, options.dist_timeout_s))
     run = RunDir(options.run_dir or recipe.train.run_dir)
     if run.root.exists() and not run.root.is_dir():
         raise NmtError(f"{run.root}: exists and is not a directory; choose another --run-dir")
@@ -107,12 +115,21 @@ def train(
     try:
         # Under the lock: the checkpoint read to resume is the one no other writer changes.
         plan = plan_training(reconciled.recipe, data, run)
+        notices = [Notice(text, warning=True) for text in reconciled.warnings]
+        procs = options.procs
+        if procs is None:
+            procs = 1
+            if options.gpus == 0 and not under_torchrun() and usable_cpus() > 1:
+                layout = layout_of(plan, usable_cpus())
+                procs = layout.procs
+                notices.append(Notice(f"CPU layout: {layout.describe()} ({layout.reason})"))
         if is_rank0:
             run.remove_partial_writes()  # safe: the lock says no other writer is alive
-            for text in reconciled.warnings:
-                run.log(f"warning: {text}")
+            for notice in notices:
+                run.log(("warning: " if notice.warning else "") + notice.text)
                 if on_event is not None:
-                    on_event(Notice(text, warning=True))
+                    on_event(notice)
+        spec = LaunchSpec(options.gpus, procs, options.dist_timeout_s)
         result: TrainResult = launch(spec, _train_rank, (plan, options), (on_event,))
         return result
     finally:
@@ -150,6 +167,7 @@ class _Trainer:
             tc.max_epochs,
             str(self.data.root),
             multiple,
+            background=True,
         )
         self.cfg = plan.model_config
         check_positions(self.cfg, train_src.lengths, train_tgt.lengths)
@@ -378,6 +396,7 @@ def _train_rank(
         stopped_by = trainer.loop()
         reporter.finished(stopped_by, trainer.pos.step, trainer.stop_signal)
     finally:
+        trainer.feed.close()
         reporter.close()
     return TrainResult(
         run_dir=run.root,

@@ -115,6 +115,7 @@ class TrainPlan:
     resume: Resume | None  # None: a fresh run
     init: Resume | None = None  # a fresh fine-tuning run: the weights it starts from
     origin: dict[str, Any] | None = None  # where the weights came from, for checkpoints
+    resumed_world: int | None = None  # processes the resumed run was trained with
 
 
 def plan_training(recipe: RecipeConfig, data: PreparedData, run: RunDir) -> TrainPlan:
@@ -132,7 +133,11 @@ def plan_training(recipe: RecipeConfig, data: PreparedData, run: RunDir) -> Trai
         check_resumable(checkpoint, cfg, data.vocab, run.last)
         refuse_other_data(run, data)
         resume = Resume(run.last, checkpoint)
-        return TrainPlan(recipe, run.root, data, cfg, resume, origin=checkpoint.origin)
+        split = (checkpoint.train_state or {}).get("split") or {}
+        world = int(split["world"]) if "world" in split else None
+        return TrainPlan(
+            recipe, run.root, data, cfg, resume, origin=checkpoint.origin, resumed_world=world
+        )
     if init_from is None:
         return TrainPlan(recipe, run.root, data, model_config_for(recipe, data.vocab), None)
     start = load_checkpoint(init_from)

@@ -1,0 +1,343 @@
+"""Where the real training loop's time goes, beside the update alone.
+
+Runs the training engine (`nmt_cli.engines.train.train`, in this process) on a prepared
+data directory for a few hundred updates of its real, length-varying batches, with
+timers around each part of every update:
+
+    batch preparation  TrainFeed.micro_batches / prefetch (collation, copies)
+    forward            Transformer.forward
+    loss               the label-smoothed loss over the logits
+    backward           Tensor.backward
+    optimizer          Adam's step
+    norm and clipping  the rest of the update's step (gradient norm, clip, zero_grad)
+    reporting          Reporter.update (events, metrics.jsonl)
+    thread tuner       ThreadTuner before/after each update
+    bookkeeping        the remainder of the update's wall time
+
+Validation and checkpoints are timed apart (they are not per-update work). In the same
+process it then times the engine's `Updater` alone, as `bench/bench_train.py` does: on
+the first real batches repeated (shapes reused) and on the loop's batches in order
+(every shape new), so the difference between the microbenchmark and the loop is split
+into its causes. On a CPU every part is synchronous, so wall-clock timers are exact.
+
+    .venv/bin/python bench/profile_train.py --data data/multi30k-en-de --updates 300 \
+        --threads 2 --precision fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli.config import load_recipe
+from nmt_cli.core import objective as objective_module
+from nmt_cli.core.batching import Batch
+from nmt_cli.core.objective import TrainingObjective
+from nmt_cli.core.schedule import paper_adam
+from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.vocab import PAD_ID
+from nmt_cli.engines.train import TrainOptions, train
+from nmt_cli.engines.train import loop as loop_module
+from nmt_cli.engines.train.checkpoints import CheckpointKeeper
+from nmt_cli.engines.train.device_choices import choose
+from nmt_cli.engines.train.feed import TrainFeed
+from nmt_cli.engines.train.report import Reporter
+from nmt_cli.engines.train.step import Updater
+from nmt_cli.engines.train.threads import ThreadTuner
+from nmt_cli.engines.train.validate import Validator
+
+PARTS = (
+    "batch preparation",
+    "forward",
+    "loss",
+    "backward",
+    "optimizer",
+    "norm and clipping",
+    "reporting",
+    "thread tuner",
+    "seeds, schedule",
+    "accounting",
+    "stop policy",
+    "instrumentation",
+)
+
+
+@dataclass
+class Ledger:
+    """Seconds per part of each update, and what the loop did besides updates."""
+
+    updates: list[dict[str, float]] = field(default_factory=list)
+    walls: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    threads: list[int] = field(default_factory=list)
+    shapes: list[tuple[int, int, int]] = field(default_factory=list)
+    batches: list[Batch] = field(default_factory=list)
+    saving_s: float = 0.0
+    saves: int = 0
+    current: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    depth: int = 0  # > 0 inside a timed part: nested calls are not counted twice
+    saving: bool = False
+    save_parts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def save_timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        ledger = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ledger.save_parts[part] += time.perf_counter() - t
+
+        return wrapper
+
+    def timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        ledger = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if ledger.saving or ledger.depth:
+                return fn(*args, **kwargs)
+            ledger.depth += 1
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ledger.current[part] += time.perf_counter() - t
+                ledger.depth -= 1
+
+        return wrapper
+
+
+@contextlib.contextmanager
+def patched(ledger: Ledger) -> Iterator[None]:
+    """Timers around the engine's parts, removed on exit."""
+    saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(owner: Any, name: str, part: str) -> None:
+        original = getattr(owner, name)
+        saved.append((owner, name, original))
+        setattr(owner, name, ledger.timed(part, original))
+
+    wrap(TrainFeed, "micro_batches", "batch preparation")
+    wrap(TrainFeed, "prefetch", "batch preparation")
+    wrap(Transformer, "forward", "forward")
+    wrap(objective_module, "label_smoothed_sums", "loss")
+    wrap(objective_module, "projected_label_smoothed_sums", "loss")
+    wrap(torch.Tensor, "backward", "backward")
+    wrap(torch.optim.Adam, "step", "optimizer")
+    wrap(Reporter, "update", "reporting")
+    wrap(ThreadTuner, "before_update", "thread tuner")
+    wrap(ThreadTuner, "after_update", "thread tuner")
+    wrap(torch, "manual_seed", "seeds, schedule")
+    wrap(loop_module, "paper_learning_rate", "seeds, schedule")
+    wrap(TrainFeed, "micro_seeds", "seeds, schedule")
+    wrap(loop_module._Trainer, "_account", "accounting")
+    wrap(loop_module._Trainer, "_count", "accounting")
+    wrap(loop_module.StopPolicy, "local_flags", "stop policy")
+    wrap(loop_module.StopPolicy, "decide", "stop policy")
+
+    for owner, name, part in (
+        (Validator, "__call__", "validation"),
+        (CheckpointKeeper, "save_step", "writing"),
+        (CheckpointKeeper, "save_last", "writing"),
+    ):
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, ledger.save_timed(part, getattr(owner, name)))
+
+    original_step = Updater._step
+
+    def step(self: Updater, *args: Any) -> Any:  # norm and clipping = _step - optimizer
+        before = ledger.current["optimizer"]
+        t = time.perf_counter()
+        out = original_step(self, *args)
+        spent = time.perf_counter() - t - (ledger.current["optimizer"] - before)
+        ledger.current["norm and clipping"] += spent
+        return out
+
+    saved.append((Updater, "_step", original_step))
+    Updater._step = step  # type: ignore[method-assign]
+
+    original_save = loop_module._Trainer.save
+
+    def save(self: Any, validate: bool) -> None:
+        ledger.saving = True
+        t = time.perf_counter()
+        try:
+            original_save(self, validate)
+        finally:
+            ledger.saving_s += time.perf_counter() - t
+            ledger.saves += 1
+            ledger.saving = False
+
+    saved.append((loop_module._Trainer, "save", original_save))
+    loop_module._Trainer.save = save  # type: ignore[method-assign]
+
+    original_updates = TrainFeed.updates
+
+    def updates(self: TrainFeed, pos: Any) -> Iterator[Any]:
+        """Each update's wall time: from one yield to the next, minus saving."""
+        last = None
+        saving_before = 0.0
+        for plan, update in original_updates(self, pos):
+            now = time.perf_counter()
+            if last is not None:
+                ledger.walls.append(now - last - (ledger.saving_s - saving_before))
+                ledger.updates.append(dict(ledger.current))
+            ledger.current = defaultdict(float)
+            last, saving_before = now, ledger.saving_s
+            lo = update * plan.slots
+            ledger.tokens.append(plan.update_tgt_tokens(update))
+            ledger.threads.append(torch.get_num_threads())
+            for index in plan.batches[lo : lo + plan.slots]:
+                src_len = int(self.src.lengths[index].max()) + 1
+                tgt_len = int(self.tgt.lengths[index].max()) + 1
+                ledger.shapes.append((len(index), src_len, tgt_len))
+            ledger.current["instrumentation"] += time.perf_counter() - now
+            yield plan, update
+
+    saved.append((TrainFeed, "updates", original_updates))
+    TrainFeed.updates = updates  # type: ignore[method-assign]
+
+    original_micro = TrainFeed.micro_batches
+
+    def keep_batches(self: TrainFeed, plan: Any, update: int) -> Any:
+        out = original_micro(self, plan, update)
+        if len(ledger.batches) < 400:
+            ledger.batches.extend(b for b, _ in out)
+        return out
+
+    TrainFeed.micro_batches = ledger.timed("batch preparation", keep_batches)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
+
+
+def updater_alone(model_cfg: Any, precision: str, fused: bool) -> Callable[[Batch], None]:
+    """The microbenchmark's update (bench/bench_train.py's nmt_step), with the loop's
+    choice of loss (`fused`: the output projection inside the chunked loss)."""
+    torch.manual_seed(0)
+    model = Transformer(model_cfg)
+    objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused)
+    updater = Updater(
+        objective, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.0, 1
+    )
+
+    def run(batch: Batch) -> None:
+        updater.update([(batch, 1.0)], batch.tgt_tokens, 1e-4, [0])
+
+    return run
+
+
+def time_alone(run: Callable[[Batch], None], batches: list[Batch]) -> tuple[float, float]:
+    """(median, mean) target tokens/s of one update per batch, after two warm-ups."""
+    for batch in batches[:2]:
+        run(batch)
+    rates, tokens, seconds = [], 0, 0.0
+    for batch in batches:
+        t = time.perf_counter()
+        run(batch)
+        dt = time.perf_counter() - t
+        rates.append(batch.tgt_tokens / dt)
+        tokens += batch.tgt_tokens
+        seconds += dt
+    return statistics.median(rates), tokens / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipe", default="recipes/multi30k-en-de.toml")
+    parser.add_argument("--data", required=True, help="prepared data directory (nmt prepare)")
+    parser.add_argument("--updates", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=0, help="train.threads (0 = tuner)")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--alone", type=int, default=40, help="updates of the Updater alone")
+    parser.add_argument("--set", action="append", default=[], dest="sets", metavar="K=V")
+    args = parser.parse_args()
+    print("command:", shlex.join([sys.executable.split("/")[-1], *sys.argv]))
+    with tempfile.TemporaryDirectory() as tmp:
+        sets = [
+            f'data.dir="{args.data}"',
+            f'train.run_dir="{Path(tmp) / "run"}"',
+            f"train.max_steps={args.updates}",
+            "train.max_time_minutes=0",
+            f"train.threads={args.threads}",
+            f'train.precision="{args.precision}"',
+            "train.tensorboard=false",
+            *args.sets,
+        ]
+        recipe = load_recipe(args.recipe, sets)
+        ledger = Ledger()
+        start = time.perf_counter()
+        with patched(ledger):
+            result = train(recipe, TrainOptions())
+        total = time.perf_counter() - start
+    print(
+        f"torch {torch.__version__}; {args.updates} updates, threads "
+        f"{sorted(set(ledger.threads))}, {result.steps} steps in {total:.1f} s "
+        f"(validation and checkpoints {ledger.saving_s:.1f} s in {ledger.saves} saves: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in ledger.save_parts.items())
+        + ")"
+    )
+    walls = ledger.walls[2:]  # the first updates warm up allocators and kernels
+    parts = ledger.updates[2:]
+    tokens = ledger.tokens[2 : 2 + len(walls)]
+    wall = sum(walls)
+    loop_rate = sum(tokens) / wall
+    print(f"\nper update (mean of {len(walls)}, after 2 warm-up): {1e3 * wall / len(walls):.1f} ms")
+    accounted = 0.0
+    for part in PARTS:
+        spent = sum(p.get(part, 0.0) for p in parts)
+        accounted += spent
+        print(f"  {part:18s} {1e3 * spent / len(walls):7.1f} ms  {spent / wall:6.1%}")
+    rest = wall - accounted
+    print(f"  {'bookkeeping':18s} {1e3 * rest / len(walls):7.1f} ms  {rest / wall:6.1%}")
+    probes = [w for w, n in zip(walls, ledger.threads[2:], strict=False) if n == 1]
+    if probes and max(ledger.threads) > 1:
+        print(f"  thread-tuner probes at 1 thread: {len(probes)} updates")
+    shapes = len(set(ledger.shapes))
+    print(f"distinct batch shapes: {shapes} of {len(ledger.shapes)} batches")
+    print(f"real loop: {loop_rate:,.0f} target tokens/s (update wall time, saves excluded)")
+
+    cfg = result_model_config(recipe)
+    fused = choose(recipe.train, torch.device("cpu")).fused_projection
+    run = updater_alone(cfg, args.precision, fused)
+    batches = ledger.batches
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    repeated = [batches[i % 6] for i in range(args.alone)]
+    med_rep, mean_rep = time_alone(run, repeated)
+    med_seq, mean_seq = time_alone(run, batches[6 : 6 + args.alone])
+    print(
+        f"update alone, 6 real batches repeated: median {med_rep:,.0f} / mean "
+        f"{mean_rep:,.0f} tok/s; loop / alone-median {loop_rate / med_rep:.1%}"
+    )
+    print(
+        f"update alone, {args.alone} loop batches in order (new shapes): median "
+        f"{med_seq:,.0f} / mean {mean_seq:,.0f} tok/s; loop / alone-mean {loop_rate / mean_seq:.1%}"
+    )
+
+
+def result_model_config(recipe: Any) -> Any:
+    """The model configuration training built (the data decides the vocabulary)."""
+    from nmt_cli.data_dir import open_data_dir
+    from nmt_cli.engines.train.plan import model_config_for
+
+    return model_config_for(recipe, open_data_dir(recipe.data.dir).vocab)
+
+
+if __name__ == "__main__":
+    main()
