@@ -20,6 +20,7 @@ ends with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -55,6 +56,7 @@ from nmt_cli.engines.train.distributed import (
 )
 from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
+from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.layout import layout_of
 from nmt_cli.engines.train.plan import TrainPlan, plan_training
 from nmt_cli.engines.train.report import EventSink, Reporter
@@ -392,8 +394,10 @@ def _train_rank(
     if ctx.is_main:
         run.write_vocab(trainer.data.vocab)
         run.write_data_record(data_record(trainer.data))
+    on_cpu = ctx.device.type == "cpu"
     try:
-        stopped_by = trainer.loop()
+        with reused_heap() if on_cpu else contextlib.nullcontext():
+            stopped_by = trainer.loop()
         reporter.finished(stopped_by, trainer.pos.step, trainer.stop_signal)
     finally:
         trainer.feed.close()
