@@ -53,6 +53,7 @@ from nmt_cli.engines.train import loop as loop_module
 from nmt_cli.engines.train.checkpoints import CheckpointKeeper
 from nmt_cli.engines.train.device_choices import choose
 from nmt_cli.engines.train.feed import TrainFeed
+from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.report import Reporter
 from nmt_cli.engines.train.step import Updater
 from nmt_cli.engines.train.threads import ThreadTuner
@@ -319,16 +320,20 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     repeated = [batches[i % 6] for i in range(args.alone)]
-    med_rep, mean_rep = time_alone(run, repeated)
-    med_seq, mean_seq = time_alone(run, batches[6 : 6 + args.alone])
-    print(
-        f"update alone, 6 real batches repeated: median {med_rep:,.0f} / mean "
-        f"{mean_rep:,.0f} tok/s; loop / alone-median {loop_rate / med_rep:.1%}"
-    )
-    print(
-        f"update alone, {args.alone} loop batches in order (new shapes): median "
-        f"{med_seq:,.0f} / mean {mean_seq:,.0f} tok/s; loop / alone-mean {loop_rate / mean_seq:.1%}"
-    )
+    in_order = batches[6 : 6 + args.alone]
+    for heap in ("glibc's default heap", "the training loop's kept heap"):
+        with reused_heap() if "kept" in heap else contextlib.nullcontext():
+            med_rep, mean_rep = time_alone(run, repeated)
+            med_seq, mean_seq = time_alone(run, in_order)
+        print(f"update alone, {heap}:")
+        print(
+            f"  6 real batches repeated: median {med_rep:,.0f} / mean {mean_rep:,.0f} tok/s; "
+            f"loop / alone-median {loop_rate / med_rep:.1%}"
+        )
+        print(
+            f"  {len(in_order)} loop batches in order (new shapes): median {med_seq:,.0f} / "
+            f"mean {mean_seq:,.0f} tok/s; loop / alone-mean {loop_rate / mean_seq:.1%}"
+        )
 
 
 def result_model_config(recipe: Any) -> Any:
