@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from translation_ckpt import (
     COPY_POOL,
-    copy_checkpoint,
     random_checkpoint,
     sentences,
     separate_vocab,
@@ -34,13 +33,13 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def vocab_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def vocab_models(tmp_path_factory: pytest.TempPathFactory, copy_model: Path) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ens")
     vocab = tiny_vocab()
     return {
         "a": random_checkpoint(root / "a.pt", vocab, seed=1),
         "b": random_checkpoint(root / "b.pt", vocab, seed=2, d_model=48),  # another shape
-        "copy": copy_checkpoint(root / "copy.pt", vocab, steps=150),
+        "copy": copy_model,
         "separate": random_checkpoint(root / "sep.pt", separate_vocab(), seed=3),
     }
 

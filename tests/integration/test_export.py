@@ -20,7 +20,6 @@ from translation_ckpt import (
     copy_checkpoint,
     sentences,
     separate_vocab,
-    tiny_vocab,
 )
 from typer.testing import CliRunner
 from unix_helpers import no_escape, sole_error
@@ -51,9 +50,9 @@ def export(*args: str) -> tuple[int, str]:
     return result.exit_code, result.stderr
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return copy_checkpoint(tmp_path_factory.mktemp("exp") / "copy.pt", tiny_vocab(), steps=150)
+@pytest.fixture
+def trained(copy_model: Path) -> Path:
+    return copy_model
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from translation_ckpt import copy_checkpoint, sentences, tiny_vocab
+from translation_ckpt import sentences
 from typer.testing import CliRunner
 from unix_helpers import no_escape
 
@@ -34,11 +34,10 @@ def invoke(*args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def setup(tmp_path_factory: pytest.TempPathFactory, copy_model: Path) -> dict[str, Path]:
     """The imported model, an in-domain corpus prepared with its vocabulary, a recipe."""
     root = tmp_path_factory.mktemp("finetune")
-    pretrained = copy_checkpoint(root / "pre.pt", tiny_vocab(), steps=150)
-    invoke("export", str(pretrained), str(root / "hf"), "--to", "huggingface", "-q")
+    invoke("export", str(copy_model), str(root / "hf"), "--to", "huggingface", "-q")
     invoke("import", "--from", "huggingface", str(root / "hf"), "-o", str(root / "m.pt"), "-q")
     corpus = root / "corpus"
     corpus.mkdir()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from serve_process import JSON, Reply, ServeProcess
-from translation_ckpt import copy_checkpoint, sentences, tiny_vocab
+from translation_ckpt import sentences
 from unix_helpers import nmt, no_escape
 
 pytest.importorskip("starlette")
@@ -23,9 +23,9 @@ LINES = [*sentences(6, seed=3), "", "the red cat"]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Trained a little to copy: each sentence gets a translation of its own."""
-    return copy_checkpoint(tmp_path_factory.mktemp("serve") / "m.pt", tiny_vocab(), steps=80)
+def model(copy_model: Path) -> Path:
+    """Trained to copy: each sentence gets a translation of its own."""
+    return copy_model
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import pytest
 import torch
 from translation_ckpt import (
     COPY_POOL,
-    copy_checkpoint,
     random_checkpoint,
     sentences,
     tiny_vocab,
@@ -37,9 +36,9 @@ from nmt_cli.errors import NmtError
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def copier(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return copy_checkpoint(tmp_path_factory.mktemp("copy") / "copy.pt", tiny_vocab())
+@pytest.fixture
+def copier(copy_model: Path) -> Path:
+    return copy_model
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ model under torch.compile."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -227,10 +228,12 @@ def test_compiled_model_trains_like_the_eager_one(
     """The model's code traces under torch.compile with dynamic shapes (the graph-only
     backend, so the check takes seconds: code generation is PyTorch's own business):
     same loss and gradients as eager, over batches of several shapes; and the SDPA
-    kernel scope a GPU enters traces too (forced on the CPU's evaluation path)."""
+    kernel scope a GPU enters traces too (forced on the CPU's evaluation path). One layer
+    a stack: every layer runs the same code, and tracing each costs some 20 s on a CPU."""
+    cfg = dataclasses.replace(tiny_config, encoder_layers=1, decoder_layers=1)
     src, tgt = _stores(60)
-    eager_model = _model(tiny_config)
-    compiled_model = _model(tiny_config)
+    eager_model = _model(cfg)
+    compiled_model = _model(cfg)
     eager = TrainingObjective(eager_model, 0.1, 0, fused_projection=True)
     compiled = TrainingObjective(compiled_model, 0.1, 0, True, compile_backend="aot_eager")
     for lo, hi, multiple in ((0, 5, 8), (5, 14, 1)):
