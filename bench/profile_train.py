@@ -19,6 +19,9 @@ process it then times the engine's `Updater` alone, as `bench/bench_train.py` do
 the first real batches repeated (shapes reused) and on the loop's batches in order
 (every shape new), so the difference between the microbenchmark and the loop is split
 into its causes. On a CPU every part is synchronous, so wall-clock timers are exact.
+With --gpus the parts time what the host spends in them (launches), "device wait" is the
+update's one synchronisation, and the line that matters is the host time outside the
+model's parts (bench/gpu_check.sh prints it).
 
     .venv/bin/python bench/profile_train.py --data data/multi30k-en-de --updates 300 \
         --threads 2 --precision fp32
@@ -55,7 +58,7 @@ from nmt_cli.engines.train.device_choices import choose
 from nmt_cli.engines.train.feed import TrainFeed
 from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.report import Reporter
-from nmt_cli.engines.train.step import Updater
+from nmt_cli.engines.train.step import PendingUpdate, Updater
 from nmt_cli.engines.train.threads import ThreadTuner
 from nmt_cli.engines.train.validate import Validator
 
@@ -66,6 +69,7 @@ PARTS = (
     "backward",
     "optimizer",
     "norm and clipping",
+    "device wait",
     "reporting",
     "thread tuner",
     "seeds, schedule",
@@ -138,6 +142,7 @@ def patched(ledger: Ledger) -> Iterator[None]:
     wrap(objective_module, "projected_label_smoothed_sums", "loss")
     wrap(torch.Tensor, "backward", "backward")
     wrap(torch.optim.Adam, "step", "optimizer")
+    wrap(PendingUpdate, "result", "device wait")
     wrap(Reporter, "update", "reporting")
     wrap(ThreadTuner, "before_update", "thread tuner")
     wrap(ThreadTuner, "after_update", "thread tuner")
@@ -266,6 +271,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="train.threads (0 = tuner)")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--alone", type=int, default=40, help="updates of the Updater alone")
+    parser.add_argument("--gpus", type=int, default=0, help="train on GPUs (no --alone then)")
     parser.add_argument("--set", action="append", default=[], dest="sets", metavar="K=V")
     args = parser.parse_args()
     print("command:", shlex.join([sys.executable.split("/")[-1], *sys.argv]))
@@ -284,7 +290,7 @@ def main() -> None:
         ledger = Ledger()
         start = time.perf_counter()
         with patched(ledger):
-            result = train(recipe, TrainOptions())
+            result = train(recipe, TrainOptions(gpus=args.gpus, procs=1))
         total = time.perf_counter() - start
     print(
         f"torch {torch.__version__}; {args.updates} updates, threads "
@@ -306,6 +312,13 @@ def main() -> None:
         print(f"  {part:18s} {1e3 * spent / len(walls):7.1f} ms  {spent / wall:6.1%}")
     rest = wall - accounted
     print(f"  {'bookkeeping':18s} {1e3 * rest / len(walls):7.1f} ms  {rest / wall:6.1%}")
+    model = ("forward", "loss", "backward", "optimizer", "norm and clipping", "device wait")
+    inside = sum(p.get(part, 0.0) for p in parts for part in model)
+    outside = wall - inside - sum(p.get("instrumentation", 0.0) for p in parts)
+    print(
+        f"host time outside the model's forward, loss, backward and optimizer: "
+        f"{1e3 * outside / len(walls):.2f} ms per update"
+    )
     probes = [w for w, n in zip(walls, ledger.threads[2:], strict=False) if n == 1]
     if probes and max(ledger.threads) > 1:
         print(f"  thread-tuner probes at 1 thread: {len(probes)} updates")
@@ -313,6 +326,8 @@ def main() -> None:
     print(f"distinct batch shapes: {shapes} of {len(ledger.shapes)} batches")
     print(f"real loop: {loop_rate:,.0f} target tokens/s (update wall time, saves excluded)")
 
+    if args.gpus or not args.alone:
+        return
     cfg = result_model_config(recipe)
     fused = choose(recipe.train, torch.device("cpu")).fused_projection
     run = updater_alone(cfg, args.precision, fused)
