@@ -28,7 +28,7 @@ def test_two_process_update_equals_one_process_with_twice_the_batch(
 def test_two_gloo_ranks_train_like_one_process_accumulating(tmp_path: Path) -> None:
     """The same recipe (240 real tokens an update, at most 200 padded tokens a pass) on 2
     processes x 1 pass and on 1 process x 2 accumulated passes: same batches, same
-    dropout masks, same weights."""
+    dropout masks, same weights, and the same dev loss from two halves of the dev set."""
     data = make_data_dir(tmp_path / "data")
     recipe = {"max_steps": 4, "save_interval_steps": 0, "max_tokens": 200}
     one = train(tiny_recipe(data, tmp_path / "one", **recipe))
@@ -45,3 +45,6 @@ def test_two_gloo_ranks_train_like_one_process_accumulating(tmp_path: Path) -> N
     assert split_one["max_tokens"] == split_two["max_tokens"]
     for key, value in a.model.items():
         torch.testing.assert_close(b.model[key], value, rtol=1e-5, atol=1e-6)
+    # each rank validated half the dev set; the sums add up to the whole set's loss
+    assert one.final_dev_loss is not None
+    assert two.final_dev_loss == pytest.approx(one.final_dev_loss, rel=1e-5)

@@ -52,8 +52,17 @@ class DistContext:
         """Element-wise maximum over ranks: how ranks agree on flags (stop, save)."""
         if not self.distributed:
             return values
+        return self._all_reduce(values, dist.ReduceOp.MAX)
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks: how the ranks' shares of the dev loss add up."""
+        if not self.distributed:
+            return values
+        return self._all_reduce(values, dist.ReduceOp.SUM)
+
+    def _all_reduce(self, values: list[float], op: Any) -> list[float]:  # a ReduceOp
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=op)
         return [float(v) for v in t.tolist()]
 
 

@@ -207,25 +207,33 @@ class _Trainer:
         self.device_rate = matmul_rate(ctx.device, dtype_of(self.precision))
         self.validator = (
             Validator(
-                self.model, self.data, recipe, self.precision, ctx.device, self.split, multiple
+                self.model,
+                self.data,
+                recipe,
+                self.precision,
+                ctx.device,
+                self.split,
+                multiple,
+                ctx,
             )
-            if ctx.is_main and "valid" in self.data.splits
+            if "valid" in self.data.splits
             else None
         )
         self.final_dev: DevFigures | None = None
         self.stop_signal = 0  # the signal that stopped the loop, if one did
 
     def save(self, validate: bool) -> None:
-        """Rank 0: a step checkpoint (with dev figures, best) when `validate`, then last.pt."""
+        """A step checkpoint (with dev figures, best) when `validate`, then last.pt. Every
+        rank calls it at once and validates its share of the dev set; rank 0 writes."""
+        elapsed = self.clock.elapsed()
+        figures = self.validator() if validate and self.validator is not None else None
         if not self.ctx.is_main:
             return
-        self.pos.elapsed_s = self.clock.elapsed()
+        self.pos.elapsed_s = elapsed
         weights = model_state(self.model)
         step_path: Path | None = None
-        figures: DevFigures | None = None
         best = False
         if validate:
-            figures = self.validator() if self.validator is not None else None
             step_path, best = self.keeper.save_step(weights, self.pos, figures)
             self.final_dev = figures
             if self.validator is not None and self.report.draws_attention:
@@ -328,8 +336,10 @@ class _Trainer:
                 if decision.save:
                     self.save(validate=True)
                     policy.saved()
-        # A final step checkpoint (with dev figures) unless this step already has one.
-        self.save(validate=not self.keeper.has_step(self.pos.step))
+        # A final step checkpoint (with dev figures) unless this step already has one;
+        # the ranks agree on it, as they validate together.
+        saved = self.ctx.all_max([float(self.keeper.has_step(self.pos.step))])[0]
+        self.save(validate=not saved)
         return stopped_by
 
     def _account(self, plan: EpochPlan, update: int) -> None:

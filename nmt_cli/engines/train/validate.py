@@ -9,6 +9,7 @@ improves; the final figure comes from beam search on the averaged model.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from nmt_cli.core.precision import autocast
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import PAD_ID, VocabPair
 from nmt_cli.data_dir import PreparedData
+from nmt_cli.engines.train.distributed import DistContext
 from nmt_cli.engines.train.events import BatchSplit
 from nmt_cli.engines.translate.translator import Translator
 
@@ -40,16 +42,24 @@ class DevFigures:
 
 
 class DevSet:
-    """The dev split, collated once (dev sets are small) in a fixed length order."""
+    """The dev split, collated once (dev sets are small) in a fixed length order; with
+    several ranks, each holds every `world`-th batch from its `rank` on, and the ranks'
+    sums add up to the whole set's."""
 
     def __init__(
-        self, src: TokenStore, tgt: TokenStore, max_tokens: int, multiple: int = 1
+        self,
+        src: TokenStore,
+        tgt: TokenStore,
+        max_tokens: int,
+        multiple: int = 1,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.src, self.tgt = src, tgt
         order = length_grouped_batches(
             src.lengths, tgt.lengths, max_tokens, seed=0, epoch=0, shuffle=False, multiple=multiple
         )
-        self.batches: list[Batch] = [collate(src, tgt, idx, multiple) for idx in order]
+        self.batches: list[Batch] = [collate(src, tgt, idx, multiple) for idx in order[rank::world]]
 
     def __len__(self) -> int:
         return len(self.src)
@@ -71,8 +81,10 @@ def dev_loss(
     label_smoothing: float,
     precision: str,
     device: torch.device,
+    all_sum: Callable[[list[float]], list[float]] = list,
 ) -> tuple[float, float]:
-    """(smoothed loss, nll) per target token over the whole dev set."""
+    """(smoothed loss, nll) per target token over the whole dev set; `all_sum` adds the
+    sums of every rank's share (DistContext.all_sum)."""
     from nmt_cli.core.losses import label_smoothed_sums
 
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -87,8 +99,8 @@ def dev_loss(
             loss_sum += loss.double()
             nll_sum += nll.double()
             tokens += b.tgt_tokens
-    total = max(tokens, 1)
-    return float(loss_sum) / total, float(nll_sum) / total
+    summed, nll_summed, total = all_sum([float(loss_sum), float(nll_sum), float(tokens)])
+    return summed / max(total, 1.0), nll_summed / max(total, 1.0)
 
 
 @torch.no_grad()
@@ -145,16 +157,33 @@ class Validator:
         device: torch.device,
         split: BatchSplit,
         multiple: int = 1,
+        ctx: DistContext | None = None,
     ) -> None:
         self.model, self.data, self.recipe = model, data, recipe
         self.precision, self.device = precision, device
-        self.dev = DevSet(*data.split("valid"), max_tokens=split.max_tokens, multiple=multiple)
+        self.ctx = ctx or DistContext(0, 1, 0, device)
+        self.dev = DevSet(
+            *data.split("valid"),
+            max_tokens=split.max_tokens,
+            multiple=multiple,
+            rank=self.ctx.rank,
+            world=self.ctx.world,
+        )
 
     def __call__(self) -> DevFigures:
+        """Every rank calls it at once: each computes its share of the dev loss (greedy
+        BLEU is rank 0's alone; the other ranks get None for it)."""
         tc, decode = self.recipe.train, self.recipe.decode
-        loss, nll = dev_loss(self.model, self.dev, tc.label_smoothing, self.precision, self.device)
+        loss, nll = dev_loss(
+            self.model,
+            self.dev,
+            tc.label_smoothing,
+            self.precision,
+            self.device,
+            self.ctx.all_sum,
+        )
         bleu = None
-        if tc.validate_bleu_sentences > 0:
+        if tc.validate_bleu_sentences > 0 and self.ctx.is_main:
             bleu = greedy_bleu(
                 self.model,
                 self.dev,
