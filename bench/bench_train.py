@@ -4,8 +4,10 @@ Runs the training engine's own update (`nmt_cli.engines.train.step.Updater`: for
 label-smoothed loss, backward, Adam) on length-grouped batches shaped like Multi30k
 (about 13 source / 14 target tokens a sentence), for the small Multi30k model (3+3 layers,
 d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512, 2048,
-8 heads, vocabulary 37,000), in fp32 and bf16 autocast. The matmul peak of each precision
-is measured in the same run (2048^3 products), because this host's speed drifts.
+8 heads, vocabulary 37,000), in fp32 and bf16 autocast, with freed memory kept for the
+next update as `nmt train` keeps it (`--heaps kept,default` also times glibc's own
+heap). The matmul peak of each precision is measured in the same run (2048^3 products),
+because this host's speed drifts.
 
 No peer figure written down earlier is divided by: this host drifts 20-40%, so a ratio
 counts only within one run. With --reference it times, on the same batches, the naive
@@ -18,6 +20,8 @@ cross-entropy, Adam): a ratio measured in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import math
 import shlex
 import statistics
@@ -36,6 +40,7 @@ from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
+from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.step import Updater
 
 MODELS = {
@@ -157,26 +162,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
     parser.add_argument("--reference", action="store_true", help="also time the naive model")
+    parser.add_argument(
+        "--heaps",
+        default="kept",
+        help="comma list of 'kept' (freed memory kept, as nmt train runs) and 'default' "
+        "(glibc's own): each is timed in turn",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print("command:", shlex.join([sys.executable.split("/")[-1], *sys.argv]))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     cpu = torch.device("cpu")
-    peaks = {name: matmul_rate(cpu, dtype, n=2048, reps=6) for name, dtype in PRECISIONS}
+    wanted = args.precisions.split(",")  # bf16 products are slow where they are emulated
+    peaks = {
+        name: matmul_rate(cpu, dtype, n=2048, reps=6)
+        for name, dtype in PRECISIONS
+        if name in wanted
+    }
     print(
-        f"matmul peak (2048^3): fp32 {peaks['fp32'] / 1e9:,.0f} GFLOP/s, "
-        f"bf16 {peaks['bf16'] / 1e9:,.0f} GFLOP/s"
+        "matmul peak (2048^3): "
+        + ", ".join(f"{name} {rate / 1e9:,.0f} GFLOP/s" for name, rate in peaks.items())
     )
     for name in args.models.split(","):
         cfg = MODELS[name]
         batches = multi30k_like_batches(cfg.tgt_vocab_size, args.max_tokens, count=6)
         avg = statistics.mean(b.tgt_tokens for b in batches)
         print(f"\n{name}: {len(batches)} batches of ~{avg:,.0f} target tokens")
-        for precision in args.precisions.split(","):
-            ours = time_steps(nmt_step(cfg, precision), batches, cfg, args.steps)
+        for precision, heap in itertools.product(args.precisions.split(","), args.heaps.split(",")):
+            with reused_heap() if heap == "kept" else contextlib.nullcontext():
+                ours = time_steps(nmt_step(cfg, precision), batches, cfg, args.steps)
             line = (
-                f"  {precision}: nmt {ours.tokens_per_s:8,.0f} tgt tok/s, "
+                f"  {precision} ({heap} heap): nmt {ours.tokens_per_s:8,.0f} tgt tok/s, "
                 f"{ours.flops_per_s / 1e9:6,.0f} GFLOP/s = "
                 f"{ours.flops_per_s / peaks[precision]:5.1%} of the {precision} matmul peak"
             )

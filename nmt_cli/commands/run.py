@@ -35,8 +35,7 @@ def run(
     procs: int | None = typer.Option(
         None,
         "--procs",
-        help="CPU processes (DDP over gloo, one thread each) when --gpus is 0; default: "
-        "one, or one per core when a probe at start measures that faster.",
+        help="CPU processes (gloo); default: measured at start.",
     ),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=SET_HELP),
     quiet: bool = quiet_option(),

@@ -30,8 +30,7 @@ def train(
     procs: int | None = typer.Option(
         None,
         "--procs",
-        help="CPU processes (DDP over gloo, one thread each) when --gpus is 0; default: "
-        "one, or one per core when a probe at start measures that faster.",
+        help="CPU processes (gloo); default: measured at start.",
     ),
     run_dir: str | None = typer.Option(
         None, "--run-dir", help="Run directory; default: the recipe's train.run_dir."

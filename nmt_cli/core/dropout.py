@@ -23,6 +23,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def seed_dropout(device: torch.device, seed: int) -> None:
+    """Seed the generator `device`'s dropout masks come from, and only that one:
+    `torch.manual_seed` also seeds every other backend's generators and costs ~0.3 ms a
+    call, host time on every micro-batch of a training run."""
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)  # the current device's generator
+    elif device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
 def _scaled_keep_mask(like: Tensor, p: float) -> Tensor:
     """0 with probability p, else 1 / (1 - p); the dtype and shape of `like`."""
     n = like.numel()

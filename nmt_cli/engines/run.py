@@ -32,7 +32,7 @@ from nmt_cli.core.transformer import count_parameters
 from nmt_cli.data_dir import MANIFEST, open_data_dir
 from nmt_cli.engines.average import average_checkpoints, select_last
 from nmt_cli.engines.pictures.backend import require_plotting
-from nmt_cli.engines.pictures.curves import write_curves
+from nmt_cli.engines.pictures.curves import curve_files, write_curves
 from nmt_cli.engines.prepare import Progress, prepare, prepare_from_data_config
 from nmt_cli.engines.score import ScoreSettings, mostly_empty, require_sacremoses, score_lines
 from nmt_cli.engines.train import EventSink, TrainOptions, train
@@ -193,8 +193,12 @@ def run_recipe(
 def _plot(run_dir: Path) -> str:
     """Training curves into the run directory; a notice, never a failure, without
     matplotlib (the run itself succeeded)."""
-    if not (run_dir / METRICS).is_file():
+    metrics = run_dir / METRICS
+    if not metrics.is_file():
         return f"no {METRICS}, no training curves"
+    since = metrics.stat().st_mtime
+    if all(p.is_file() and p.stat().st_mtime >= since for p in curve_files(run_dir)):
+        return "training curves up to date"  # a rerun after training: seconds saved
     try:
         require_plotting()
     except MissingPackage as exc:

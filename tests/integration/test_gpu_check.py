@@ -1,6 +1,6 @@
 """The GPU check script without a GPU: its dry run (GPU_CHECK_DRY=1) runs every stage's
 command on the CPU with tiny settings, on raw Multi30k-shaped files it prepares itself
-(bench/gpu_train.py, gpu_decode.py and run_figures.py included); stages past the
+(bench/gpu_train.py, gpu_decode.py, run_figures.py and profile_train.py included); stages past the
 deadline are skipped and fail the check; its stage limits fit its deadline."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ STAGES = [
     "multi30k",
     "multi30k-figures",
     "decode-speed",
+    "host-time",
     "train-fp16",
     "torchrun",
     "gpus-error",
@@ -101,6 +102,7 @@ def test_the_dry_run_runs_every_stage_on_the_cpu_from_raw_files(tmp_path: Path) 
     assert "3 updates in " in done.stdout  # run_figures.py read the Multi30k run
     assert "beam 4, batch 128, cpu:" in done.stdout and "(16 sentences)" in done.stdout
     assert "beam 4, batch 1, cpu:" in done.stdout and "(3 sentences)" in done.stdout
+    assert "host time outside the model's forward, loss, backward and optimizer" in done.stdout
     assert "error: --gpus " in done.stdout and "(the expected one-line error, exit 1)" in text
     out = tmp_path / "out"
     summary = (out / "SUMMARY.txt").read_text(encoding="utf-8")

@@ -76,11 +76,15 @@ def test_rerun_skips_finished_stages(finished_run: Path) -> None:
     run_dir = finished_run / "run"
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.glob("test.*.hyp")}
     avg_before = (run_dir / "average.pt").stat().st_mtime_ns
+    curves = {p.name: p.stat().st_mtime_ns for p in run_dir.glob("curves-*")}
     result = runner.invoke(app, _args(finished_run))
     assert result.exit_code == 0, result.output
     assert "up to date" in result.output
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.glob("test.*.hyp")} == before
     assert (run_dir / "average.pt").stat().st_mtime_ns == avg_before
+    # the curves are newer than metrics.jsonl: not drawn again
+    assert len(curves) == 4
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.glob("curves-*")} == curves
 
 
 def test_interrupted_run_continues_where_it_stopped(finished_run: Path) -> None:

@@ -75,7 +75,9 @@ def test_answers_equal_nmt_translate_at_the_same_settings(
         assert [h["text"] for h in mine["nbest"]] == [h["text"] for h in hyps]
         assert [h["alignment"] for h in mine["nbest"]] == [h["alignment"] for h in hyps]
         assert [h["tokens"] for h in mine["nbest"]] == [h["tokens"] for h in hyps]
-        assert [h["score"] for h in mine["nbest"]] == pytest.approx([h["score"] for h in hyps])
+        # the same search in another batch: the same scores up to float rounding
+        scores = [h["score"] for h in hyps]
+        assert [h["score"] for h in mine["nbest"]] == pytest.approx(scores, rel=1e-5)
         assert mine["truncated"] is theirs["truncated"]
         if hyps:
             assert (mine["text"], mine["alignment"]) == (hyps[0]["text"], hyps[0]["alignment"])

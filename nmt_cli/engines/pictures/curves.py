@@ -92,6 +92,14 @@ def draw_curves(runs: Sequence[RunLog], axis: Axis) -> Figure:
     return fig
 
 
+FIGURES = (("step", "curves-steps"), ("time", "curves-time"))
+
+
+def curve_files(out_dir: Path, formats: Sequence[str] = IMAGE_FORMATS) -> list[Path]:
+    """The files `write_curves` writes into `out_dir`."""
+    return [out_dir / f"{name}.{fmt}" for _, name in FIGURES for fmt in formats]
+
+
 def write_curves(
     runs: Sequence[RunLog], out_dir: Path, formats: Sequence[str] = IMAGE_FORMATS
 ) -> list[Path]:
@@ -99,7 +107,7 @@ def write_curves(
     require_plotting()
     out = check_out_dir(out_dir)
     written: list[Path] = []
-    for axis, name in (("step", "curves-steps"), ("time", "curves-time")):
+    for axis, name in FIGURES:
         fig = draw_curves(runs, axis)  # type: ignore[arg-type]
         written += save_figure(fig, out / name, formats)
     return written

@@ -15,6 +15,7 @@ on every machine.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from nmt_cli.engines.prepare.demo_lexicon import (
@@ -317,20 +318,44 @@ def generate_pair(seed: int, index: int) -> tuple[str, str]:
             return _finish(en), _finish(de)
 
 
-def demo_corpus(seed: int = 1) -> dict[str, list[tuple[str, str]]]:
-    """The whole demo corpus in memory (26,000 short pairs, a few MB)."""
-    seen: set[str] = set()
-    index = 0
-    out: dict[str, list[tuple[str, str]]] = {}
-    # held-out splits first, so that train excludes them and not the other way round
-    for name in ("valid", "test", "train"):
-        pairs: list[tuple[str, str]] = []
-        while len(pairs) < DEMO_SPLITS[name]:
-            src, tgt = generate_pair(seed, index)
+class DemoStream:
+    """The demo corpus of `seed`: its held-out splits made at once (1,000 pairs), its
+    training pairs made as they are read, so a preparation that keeps the first N
+    (`data.max_pairs`) does not make all 25,000. Every `train()` starts over and gives
+    the same pairs in the same order, those of `demo_corpus`."""
+
+    def __init__(self, seed: int = 1) -> None:
+        self.seed = seed
+        self._seen: set[str] = set()
+        self._index = 0
+        # held-out splits first, so that train excludes them and not the other way round
+        self.held_out = {name: self._take(DEMO_SPLITS[name]) for name in ("valid", "test")}
+
+    def _take(self, count: int) -> list[tuple[str, str]]:
+        pairs = self._stream(self._seen, self._index)
+        out = [next(pairs) for _ in range(count)]
+        self._index = self._next_index
+        return out
+
+    def _stream(self, seen: set[str], index: int) -> Iterator[tuple[str, str]]:
+        """New pairs from `index` on, skipping sources in `seen` (which it extends)."""
+        while True:
+            src, tgt = generate_pair(self.seed, index)
             index += 1
+            self._next_index = index
             if src in seen:
                 continue
             seen.add(src)
-            pairs.append((src, tgt))
-        out[name] = pairs
+            yield src, tgt
+
+    def train(self) -> Iterator[tuple[str, str]]:
+        pairs = self._stream(set(self._seen), self._index)
+        for _ in range(DEMO_SPLITS["train"]):
+            yield next(pairs)
+
+
+def demo_corpus(seed: int = 1) -> dict[str, list[tuple[str, str]]]:
+    """The whole demo corpus in memory (26,000 short pairs, a few MB)."""
+    stream = DemoStream(seed)
+    out = {**stream.held_out, "train": list(stream.train())}
     return {name: out[name] for name in DEMO_SPLITS}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from nmt_cli.engines.prepare.demo_corpus import DEMO_SPLITS, DEMO_VERSION, demo_corpus
+from nmt_cli.engines.prepare.demo_corpus import DEMO_SPLITS, DEMO_VERSION, DemoStream
 from nmt_cli.engines.prepare.multi30k import DEFAULT_TEST, MULTI30K, Multi30kPreset, fetch_multi30k
 from nmt_cli.engines.prepare.presets import DEMO, PRESETS, Preset, preset_names
 from nmt_cli.engines.prepare.treebank import SRC, TGT, TREEBANKS, read_treebank, target_form
@@ -130,15 +130,32 @@ class ListPairs:
         return iter(self.items)
 
 
+@dataclass(frozen=True)
+class DemoTrainPairs:
+    """The demo's training split, made as it is read (`DemoStream.train`)."""
+
+    stream: DemoStream
+    flip: bool
+
+    @property
+    def total(self) -> int | None:
+        return DEMO_SPLITS["train"]
+
+    def pairs(self) -> Iterator[tuple[str, str]]:
+        for a, b in self.stream.train():
+            yield (b, a) if self.flip else (a, b)
+
+
 def _demo(req: SourceRequest) -> Corpus:
     """The demo is one fixed corpus (seed 1); --seed only steers sampling, as elsewhere."""
     src, tgt = _direction(req, "en", "de", DEMO)
-    corpus = demo_corpus(1)
+    stream = DemoStream(1)
     flip = src != "en"
     splits: dict[str, SplitSource] = {
         name: ListPairs([(b, a) for a, b in pairs] if flip else pairs)
-        for name, pairs in corpus.items()
+        for name, pairs in stream.held_out.items()
     }
+    splits = {"train": DemoTrainPairs(stream, flip), **splits}
     info = {"kind": "demo", "version": DEMO_VERSION, "sizes": dict(DEMO_SPLITS)}
     return Corpus(src, tgt, splits, info)
 

@@ -138,15 +138,18 @@ class RunDir:
         any partial last line a kill left behind."""
         if not self.metrics.is_file():
             return
+        text = self.metrics.read_text(encoding="utf-8")
         kept: list[str] = []
-        for line in self.metrics.read_text(encoding="utf-8").splitlines():
+        for line in text.splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
             if int(record.get("step", 0)) <= after_step:
                 kept.append(line)
-        atomic_write_text(self.metrics, "".join(f"{line}\n" for line in kept))
+        wanted = "".join(f"{line}\n" for line in kept)
+        if wanted != text:  # untouched otherwise: what is drawn from it stays up to date
+            atomic_write_text(self.metrics, wanted)
 
     # -- lock -----------------------------------------------------------------------------
 

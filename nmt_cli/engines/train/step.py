@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt_cli.core.batching import Batch
+from nmt_cli.core.dropout import seed_dropout
 from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.precision import autocast
 from nmt_cli.core.schedule import set_learning_rate
@@ -164,7 +165,7 @@ class Updater:
         for i, (batch, weight) in enumerate(micro):
             # Dropout masks from a seed per (update, rank, micro-batch): resuming, or
             # changing nothing but the run's interruptions, reproduces them exactly.
-            torch.manual_seed(seeds[i])
+            seed_dropout(self.device, seeds[i])
             with self._no_sync(i == len(micro) - 1), _oom_guard(batch):
                 with autocast(self.precision, self.device):
                     loss, nll = self.objective(
