@@ -27,6 +27,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,10 +94,12 @@ def time_steps(step: object, batches: list[Batch], cfg: ModelConfig, steps: int)
     return Timing(statistics.median(rates), statistics.median(flops))
 
 
-def nmt_step(cfg: ModelConfig, precision: str) -> object:
+def nmt_step(cfg: ModelConfig, precision: str, fused: bool = False) -> Callable[[Batch], None]:
+    """The engine's update on one batch; `fused`: the output projection inside the
+    chunked loss (the GPU's choice)."""
     torch.manual_seed(0)
     model = Transformer(cfg)
-    objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=False)
+    objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused)
     updater = Updater(
         objective, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.0, 1
     )
