@@ -54,7 +54,7 @@ def derive_split(
     return BatchSplit(train.batch_tokens, world, accum, math.ceil(padded / accum), fraction)
 
 
-HostBatches = list[tuple[Batch, float]]
+MicroBatches = list[tuple[Batch, float]]  # (batch, weight) for each pass of an update
 
 
 class TrainFeed:
@@ -84,11 +84,11 @@ class TrainFeed:
         self.split, self.seed, self.max_epochs = split, seed, max_epochs
         self.rank, self.device = ctx.rank, ctx.device
         self.multiple = multiple
-        self._ahead: tuple[EpochPlan, int, HostBatches] | None = None  # on the device
+        self._ahead: tuple[EpochPlan, int, MicroBatches] | None = None  # on the device
         self._worker = (
             ThreadPoolExecutor(1, thread_name_prefix="nmt-batches") if background else None
         )
-        self._collating: tuple[EpochPlan, int, Future[HostBatches]] | None = None
+        self._collating: tuple[EpochPlan, int, Future[MicroBatches]] | None = None
 
     def plan(self, epoch: int) -> EpochPlan:
         return plan_epoch(
@@ -117,7 +117,7 @@ class TrainFeed:
             pos.epoch += 1
             pos.batches_done = 0
 
-    def micro_batches(self, plan: EpochPlan, update: int) -> HostBatches:
+    def micro_batches(self, plan: EpochPlan, update: int) -> MicroBatches:
         """(batch on this rank's device, weight) for each of this rank's slots; an empty
         slot of the last update runs the update's first batch with weight 0 (every rank
         must run as many passes)."""
@@ -131,14 +131,14 @@ class TrainFeed:
             self._collating = (plan, update + 1, next_batches)
         return out
 
-    def _host_batches(self, plan: EpochPlan, update: int) -> HostBatches:
+    def _host_batches(self, plan: EpochPlan, update: int) -> MicroBatches:
         """The update's batches in host memory: the worker's, when it prepared these."""
         collating, self._collating = self._collating, None
         if collating is not None and collating[0] is plan and collating[1] == update:
             return collating[2].result()  # a collation error surfaces here
         return self._collate(plan, update)
 
-    def _collate(self, plan: EpochPlan, update: int) -> HostBatches:
+    def _collate(self, plan: EpochPlan, update: int) -> MicroBatches:
         stand_in = update * plan.slots  # the update's first batch always exists
         out = []
         for slot in plan.rank_slots(update, self.rank):
