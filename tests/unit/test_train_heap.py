@@ -17,7 +17,7 @@ PROGRAM = textwrap.dedent(
     def faults_of_reallocating():
         torch.empty(16 * 2**20).fill_(1.0)  # 64 MiB, freed at once
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(3):
+        for _ in range(6):
             torch.empty(16 * 2**20).fill_(1.0)
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
@@ -43,7 +43,8 @@ def test_a_reused_heap_faults_no_pages_in_again_and_hands_them_back_after() -> N
     taken, plain, kept, released_kib = done.stdout.split()
     if taken != "True":
         pytest.skip("the C library is not glibc")
-    pages = 3 * 64 * 2**20 // 4096
+    pages = 6 * 64 * 2**20 // 4096
     assert int(plain) > pages // 2  # plain malloc maps every 64 MiB block afresh
-    assert int(kept) < pages // 20  # kept: the same pages again
+    # kept: the same pages again (a stray first block may still fault in: at most 1 of 6)
+    assert int(kept) < pages // 4
     assert int(released_kib) > 32 * 1024  # the kept block goes back on the way out
