@@ -97,30 +97,22 @@ class Ledger:
     gc_started: float = 0.0
     save_parts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
-    def save_timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(self, part: str, fn: Callable[..., Any], saving: bool = False) -> Callable[..., Any]:
+        """`fn` timed into the current update's `part`, or with `saving` into the saves'
+        split (parts called inside another timed part, or during a save, are not counted
+        into an update)."""
         ledger = self
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
-            try:
+            if not saving and (ledger.saving or ledger.depth):
                 return fn(*args, **kwargs)
-            finally:
-                ledger.save_parts[part] += time.perf_counter() - t
-
-        return wrapper
-
-    def timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        ledger = self
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if ledger.saving or ledger.depth:
-                return fn(*args, **kwargs)
+            into = ledger.save_parts if saving else ledger.current
             ledger.depth += 1
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                ledger.current[part] += time.perf_counter() - t
+                into[part] += time.perf_counter() - t
                 ledger.depth -= 1
 
         return wrapper
@@ -131,12 +123,23 @@ def patched(ledger: Ledger) -> Iterator[None]:
     """Timers around the engine's parts, removed on exit."""
     saved: list[tuple[Any, str, Any]] = []
 
-    def wrap(owner: Any, name: str, part: str) -> None:
-        original = getattr(owner, name)
-        saved.append((owner, name, original))
-        setattr(owner, name, ledger.timed(part, original))
+    def replace(owner: Any, name: str, new: Any) -> None:
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
 
-    wrap(TrainFeed, "micro_batches", "batch preparation")
+    def wrap(owner: Any, name: str, part: str, saving: bool = False) -> None:
+        replace(owner, name, ledger.timed(part, getattr(owner, name), saving))
+
+    original_micro = TrainFeed.micro_batches
+
+    def keep_batches(self: TrainFeed, plan: Any, update: int) -> Any:
+        """The loop's batches, for the update alone to run again afterwards."""
+        out = original_micro(self, plan, update)
+        if len(ledger.batches) < 400:
+            ledger.batches.extend(b for b, _ in out)
+        return out
+
+    replace(TrainFeed, "micro_batches", ledger.timed("batch preparation", keep_batches))
     wrap(TrainFeed, "prefetch", "batch preparation")
     wrap(Transformer, "forward", "forward")
     wrap(objective_module, "label_smoothed_sums", "loss")
@@ -155,13 +158,9 @@ def patched(ledger: Ledger) -> Iterator[None]:
     wrap(loop_module.StopPolicy, "local_flags", "stop policy")
     wrap(loop_module.StopPolicy, "decide", "stop policy")
 
-    for owner, name, part in (
-        (Validator, "__call__", "validation"),
-        (CheckpointKeeper, "save_step", "writing"),
-        (CheckpointKeeper, "save_last", "writing"),
-    ):
-        saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, ledger.save_timed(part, getattr(owner, name)))
+    wrap(Validator, "__call__", "validation", saving=True)
+    wrap(CheckpointKeeper, "save_step", "writing", saving=True)
+    wrap(CheckpointKeeper, "save_last", "writing", saving=True)
 
     def collecting(phase: str, info: dict[str, int]) -> None:
         """Python's garbage collections, wherever they fall (inside the parts too)."""
@@ -182,8 +181,7 @@ def patched(ledger: Ledger) -> Iterator[None]:
         ledger.current["norm and clipping"] += spent
         return out
 
-    saved.append((Updater, "_step", original_step))
-    Updater._step = step  # type: ignore[method-assign]
+    replace(Updater, "_step", step)
 
     original_save = loop_module._Trainer.save
 
@@ -197,8 +195,7 @@ def patched(ledger: Ledger) -> Iterator[None]:
             ledger.saves += 1
             ledger.saving = False
 
-    saved.append((loop_module._Trainer, "save", original_save))
-    loop_module._Trainer.save = save  # type: ignore[method-assign]
+    replace(loop_module._Trainer, "save", save)
 
     original_updates = TrainFeed.updates
 
@@ -223,18 +220,8 @@ def patched(ledger: Ledger) -> Iterator[None]:
             ledger.current["instrumentation"] += time.perf_counter() - now
             yield plan, update
 
-    saved.append((TrainFeed, "updates", original_updates))
-    TrainFeed.updates = updates  # type: ignore[method-assign]
+    replace(TrainFeed, "updates", updates)
 
-    original_micro = TrainFeed.micro_batches
-
-    def keep_batches(self: TrainFeed, plan: Any, update: int) -> Any:
-        out = original_micro(self, plan, update)
-        if len(ledger.batches) < 400:
-            ledger.batches.extend(b for b, _ in out)
-        return out
-
-    TrainFeed.micro_batches = ledger.timed("batch preparation", keep_batches)  # type: ignore[method-assign]
     try:
         yield
     finally:

@@ -23,23 +23,24 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim from the symbols already loaded (no library search, which
-    would start a subprocess), or None."""
+def c_library_function(name: str) -> Any:
+    """A C library function from the symbols already loaded (no library search, which
+    would start a subprocess), or None where the C library has no such function."""
     try:
         process = ctypes.CDLL(None)
     except OSError:
         return None
-    return getattr(process, "malloc_trim", None)
+    return getattr(process, name, None)
 
 
 def release_free_memory() -> bool:
     """Return the free pages glibc's malloc holds to the system (malloc_trim); False
     where the C library has no malloc_trim (macOS), which keeps what it keeps."""
-    trim = _malloc_trim()
+    trim = c_library_function("malloc_trim")
     if trim is None:
         return False
     trim(0)

@@ -332,26 +332,27 @@ class DemoStream:
         self.held_out = {name: self._take(DEMO_SPLITS[name]) for name in ("valid", "test")}
 
     def _take(self, count: int) -> list[tuple[str, str]]:
-        pairs = self._stream(self._seen, self._index)
-        out = [next(pairs) for _ in range(count)]
-        self._index = self._next_index
+        pairs = self._new_pairs(self._seen, self._index)
+        out = []
+        for _ in range(count):
+            self._index, pair = next(pairs)
+            out.append(pair)
         return out
 
-    def _stream(self, seen: set[str], index: int) -> Iterator[tuple[str, str]]:
-        """New pairs from `index` on, skipping sources in `seen` (which it extends)."""
+    def _new_pairs(self, seen: set[str], index: int) -> Iterator[tuple[int, tuple[str, str]]]:
+        """(the index after it, pair) for each new pair from `index` on, skipping sources
+        in `seen` (which it extends)."""
         while True:
-            src, tgt = generate_pair(self.seed, index)
+            pair = generate_pair(self.seed, index)
             index += 1
-            self._next_index = index
-            if src in seen:
-                continue
-            seen.add(src)
-            yield src, tgt
+            if pair[0] not in seen:
+                seen.add(pair[0])
+                yield index, pair
 
     def train(self) -> Iterator[tuple[str, str]]:
-        pairs = self._stream(set(self._seen), self._index)
+        pairs = self._new_pairs(set(self._seen), self._index)
         for _ in range(DEMO_SPLITS["train"]):
-            yield next(pairs)
+            yield next(pairs)[1]
 
 
 def demo_corpus(seed: int = 1) -> dict[str, list[tuple[str, str]]]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Iterator
+from typing import Any
 
-from nmt_cli.cpu_decode.memory import release_free_memory
+from nmt_cli.cpu_decode.memory import c_library_function, release_free_memory
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -30,17 +31,14 @@ _DEFAULTS = {_M_TRIM_THRESHOLD: 128 * 1024, _M_MMAP_MAX: 65536}
 _KEEP = {_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: 2**31 - 1}
 
 
-def _mallopt() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """glibc's mallopt from the symbols already loaded (None elsewhere)."""
-    try:
-        process = ctypes.CDLL(None)
-    except OSError:
+def _mallopt() -> Any:
+    """glibc's mallopt, or None (another C library's need not take glibc's parameters)."""
+    if c_library_function("gnu_get_libc_version") is None:
         return None
-    function = getattr(process, "mallopt", None)
-    if function is None or getattr(process, "gnu_get_libc_version", None) is None:
-        return None  # another C library's mallopt need not take glibc's parameters
-    function.argtypes = [ctypes.c_int, ctypes.c_int]
-    function.restype = ctypes.c_int
+    function = c_library_function("mallopt")
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_int]
+        function.restype = ctypes.c_int
     return function
 
 
