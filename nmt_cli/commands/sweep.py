@@ -80,23 +80,33 @@ def _params(count: int) -> str:
 
 
 def sweep_table(result: SweepResult) -> Table:
-    """The paper's Table 3 columns, one row per variant."""
+    """The paper's Table 3 columns, one row per variant; for a parsing recipe, the
+    settings section 6.3 chose on the dev trees (beam, alpha) and F1 for BLEU."""
+    trees = any(r.metric == "trees" for r in result.rows)
+    metric = "F1" if trees else "BLEU"
+    scored = (
+        "F1 = EVALB (COLLINS.prm) labelled bracket F1 of the last checkpoint's trees"
+        if trees
+        else "BLEU = sacreBLEU of the last checkpoint"
+    )
     table = Table(
         title=f"{result.plan.source.name}: variations on {result.plan.recipe.name}",
         caption=(
-            "dev PPL per subword token at the last validation; BLEU = sacreBLEU of the last "
-            "checkpoint, beam search, no averaging (as Table 3); FLOPs counted, forward + "
-            "backward"
+            f"dev PPL per subword token at the last validation; {scored}, beam search, no "
+            "averaging (as Table 3); FLOPs counted, forward + backward"
         ),
     )
     columns = ["row", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "pos"]
-    columns += ["steps", "params", "dev PPL", "dev BLEU", "test BLEU", "FLOPs"]
+    columns += ["beam", "alpha"] if trees else []
+    columns += ["steps", "params", "dev PPL", f"dev {metric}", f"test {metric}", "FLOPs"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("row", "pos") else "right")
     for r in result.rows:
         layers = str(r.encoder_layers)
         if r.decoder_layers != r.encoder_layers:
             layers += f"+{r.decoder_layers}"
+        decoding = [str(r.beam), f"{r.length_penalty:g}"] if trees else []
+        dev, test = (r.dev_f1, r.test_f1) if trees else (r.dev_bleu, r.test_bleu)
         table.add_row(
             r.name,
             layers,
@@ -108,11 +118,12 @@ def sweep_table(result: SweepResult) -> Table:
             f"{r.dropout:g}",
             f"{r.label_smoothing:g}",
             r.positions[:3],
+            *decoding,
             f"{r.steps:,}" if r.steps else "-",
             _params(r.parameters),
             _num(r.dev_ppl, ".2f"),
-            _num(r.dev_bleu, ".1f"),
-            _num(r.test_bleu, ".1f"),
+            _num(dev, ".1f"),
+            _num(test, ".1f"),
             f"{r.train_flops:.1e}" if r.train_flops else "-",
         )
     return table

@@ -20,7 +20,9 @@ writing its log beside its run directory. A row whose results are complete is sk
 and an interrupted row resumes from its last checkpoint, so rerunning the sweep carries
 on where it stopped. Each row is scored as Table 3 is: dev perplexity at the last
 validation, and dev and test BLEU of the last checkpoint with beam search (the paper
-used no checkpoint averaging for Table 3).
+used no checkpoint averaging for Table 3). A sweep of a parsing recipe (`score.metric =
+"trees"`) is scored as section 6.3 chose its settings: EVALB F1 (COLLINS.prm) of the
+dev trees (section 22 for the WSJ) and of the test trees, by the same beam search.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.run import RESULTS, RunOptions, run_recipe
 from nmt_cli.engines.score import ScoreSettings, score_lines
 from nmt_cli.engines.sweep_row import DEV_HYP, RowJob, cuda_devices_for, run_row_process
+from nmt_cli.engines.trees.scoring import score_trees
 from nmt_cli.errors import NmtError
+from nmt_cli.text_io import read_lines
 
 SWEEP_RESULTS = "sweep.json"
 
@@ -105,9 +109,15 @@ class RowResult:
     steps: int = 0
     parameters: int = 0
     dev_ppl: float | None = None
+    metric: str = "bleu"  # the recipe's score.metric: "bleu", or "trees" for parsing
+    beam: int = 0  # the recipe's beam search, which parsing rows may vary (section 6.3)
+    length_penalty: float = 0.0
     dev_bleu: float | None = None
     test_bleu: float | None = None  # the last checkpoint, as Table 3
     test_bleu_averaged: float | None = None
+    dev_f1: float | None = None  # parsing: labelled bracket F1, all sentences
+    test_f1: float | None = None
+    test_f1_averaged: float | None = None
     train_flops: float = 0.0
     device_flops: float = 0.0
     status: str = "pending"  # done, skipped (complete before), failed: ...
@@ -253,6 +263,9 @@ def _describe(plan: SweepPlan, row: SweepRow) -> RowResult:
         dropout=m.dropout,
         label_smoothing=recipe.train.label_smoothing,
         positions=m.positions,
+        metric=recipe.score.metric,
+        beam=recipe.decode.beam_size,
+        length_penalty=recipe.decode.length_penalty,
     )
 
 
@@ -299,11 +312,20 @@ def _collect(recipe: RecipeConfig, out: RowResult) -> None:
             out.test_bleu = float(system["bleu"])
         elif system["system"].startswith("averaged"):
             out.test_bleu_averaged = float(system["bleu"])
+    for parse in results.get("parses", []):
+        if parse["system"] == "last":
+            out.test_f1 = float(parse["f1"])
+        elif parse["system"].startswith("averaged"):
+            out.test_f1_averaged = float(parse["f1"])
     data = open_data_dir(recipe.data.dir)
-    refs = data.raw_text("valid", "tgt").read_text(encoding="utf-8").splitlines()
-    hyps = (run_dir / DEV_HYP).read_text(encoding="utf-8").splitlines()
-    settings = ScoreSettings(paper=False, lang=data.tgt_lang)
-    out.dev_bleu = score_lines(hyps, [refs], settings, names=["dev", "ref"]).bleu.score
+    refs = read_lines(data.raw_text("valid", "tgt"))
+    hyps = read_lines(run_dir / DEV_HYP)
+    if recipe.score.metric == "trees":
+        words = read_lines(data.raw_text("valid", "src"))
+        out.dev_f1 = score_trees(hyps, refs, words, ["dev", "ref", "dev source"]).all.f1
+    else:
+        settings = ScoreSettings(paper=False, lang=data.tgt_lang)
+        out.dev_bleu = score_lines(hyps, [refs], settings, names=["dev", "ref"]).bleu.score
 
 
 def write_results(result: SweepResult) -> Path:

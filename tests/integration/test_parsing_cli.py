@@ -242,3 +242,45 @@ def test_run_goes_from_the_preset_to_evalb_f1(parsing_run: Path) -> None:
 def test_run_refuses_to_score_trees_as_text(parsing_run: Path, treebank_zip: Path) -> None:
     args = _run_args(parsing_run, treebank_zip, "--from", "score", "--set=score.metric=bleu")
     one_error(runner.invoke(app, args), 1, "holds parse trees", 'score.metric = "trees"')
+
+
+def test_sweep_of_the_parsing_recipe_reports_dev_and_test_f1(
+    treebank_zip: Path, tmp_path: Path
+) -> None:
+    """Section 6.3 chose beam and alpha on the dev trees: a parsing sweep's table scores
+    them by EVALB F1, not BLEU."""
+    settings = [s for s in _run_args(tmp_path, treebank_zip)[2:] if "run_dir" not in s]
+    grid = tmp_path / "parse-grid.toml"
+    grid.write_text(
+        f"""
+[sweep]
+recipe = {json.dumps(str(RECIPES / "ptb-sample-parsing.toml"))}
+runs_dir = {json.dumps(str(tmp_path / "runs"))}
+set = {json.dumps([s.removeprefix("--set=") for s in settings])}
+[[sweep.rows]]
+name = "beam 2"
+[[sweep.rows]]
+name = "beam 1"
+set = ["decode.beam_size=1", "decode.length_penalty=0.0"]
+""",
+        encoding="utf-8",
+    )
+    result = runner.invoke(app, ["sweep", str(grid), "--jobs", "1"], env={"COLUMNS": "220"})
+    assert result.exit_code == 0, result.output
+    for column in ("beam", "alpha", "dev F1", "test F1"):
+        assert column in result.output
+    assert "BLEU" not in result.output
+    table = json.loads((tmp_path / "runs" / "sweep.json").read_text())
+    rows = {r["name"]: r for r in table["rows"]}
+    data = open_data_dir(tmp_path / "data")
+    gold = data.raw_text("valid", "tgt").read_text().splitlines()
+    words = data.raw_text("valid", "src").read_text().splitlines()
+    assert (rows["beam 2"]["beam"], rows["beam 1"]["beam"]) == (2, 1)
+    for name, row in rows.items():
+        run_dir = tmp_path / "runs" / name.replace(" ", "_")
+        hyps = (run_dir / "dev.last.hyp").read_text().splitlines()
+        assert row["metric"] == "trees" and row["dev_bleu"] is None
+        assert row["dev_f1"] == pytest.approx(score_trees(hyps, gold, words).all.f1)
+        parses = json.loads((run_dir / "results.json").read_text())["parses"]
+        last = next(p for p in parses if p["system"] == "last")
+        assert row["test_f1"] == pytest.approx(last["f1"])
