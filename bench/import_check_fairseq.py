@@ -53,9 +53,13 @@ def run(command: list[str], env: dict[str, str] | None = None) -> str:
 
 
 def split_file(corpus: Path, split: str, lang: str) -> Path:
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        if (corpus / name).is_file():
-            return corpus / name
+    """The corpus file of a split; the dev set may be named valid, val or dev (Multi30k:
+    val), the test set test_* (Multi30k: test_2016_flickr)."""
+    names = {"valid": ("valid", "val", "dev")}.get(split, (split,))
+    for stem in names:
+        for name in (f"{stem}.{lang}", f"{stem}.{lang}.gz"):
+            if (corpus / name).is_file():
+                return corpus / name
     found = sorted(corpus.glob(f"{split}*.{lang}*"))
     if not found:
         raise SystemExit(f"{corpus}: no {split} file for {lang}")

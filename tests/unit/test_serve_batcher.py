@@ -166,3 +166,30 @@ def test_free_lanes_share_what_waits_and_decode_side_by_side() -> None:
     assert sorted(len(lines) for lines, _ in model.calls) == [4, 4]
     assert 'nmt_decoding_sentences{pair="en-de"} 0' in queue.metrics.render({}, True)
     assert queue.stop(5)
+
+
+def test_a_lane_gathers_while_requests_keep_coming_up_to_ten_windows() -> None:
+    """Clients coming back one by one after a batch (each within a window of the last)
+    join one batch, though they span more than a window; a stream that never pauses is
+    cut after ten windows."""
+    model = Model()
+    queue = batcher(model, max_batch=100, gather_s=0.1)
+    queue.start()
+    first = [queue.submit(["a0"], PLAIN, 10)]
+    for i in range(1, 4):
+        time.sleep(0.05)  # each within the window of the one before, 0.15 s in all
+        first.append(queue.submit([f"a{i}"], PLAIN, 10))
+    for job in first:
+        job.future.result(5)
+    assert model.calls == [(["a0", "a1", "a2", "a3"], PLAIN)]
+
+    model.calls.clear()
+    stream, start = [], time.monotonic()
+    while time.monotonic() - start < 1.6:  # arrivals every 20 ms for 1.6 s
+        stream.append(queue.submit(["s"], PLAIN, 10))
+        time.sleep(0.02)
+    for job in stream:
+        job.future.result(5)
+    assert len(model.calls) >= 2  # cut at ten windows (1 s), not after the stream
+    assert len(model.calls[0][0]) < len(stream)
+    queue.stop(5)

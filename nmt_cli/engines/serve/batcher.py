@@ -2,7 +2,13 @@
 
 A request's sentences go on the model's queue as one `Job` with its decoding options, its
 deadline and a future. A lane (a thread; one per worker process of the model) takes the
-first job, waits up to `gather_s` for more (or until `max_batch` sentences wait), takes
+first job and waits while more keep coming: until `gather_s` passes with no new request,
+`max_batch` sentences wait, or GATHER_WINDOWS windows have passed since the first. The
+window runs from the last arrival, not the first, because a finished batch's clients
+come back one by one (each answer is written, read, and followed by the client's next
+request while the other lanes keep the cores busy): a window from the first arrival
+takes the first few of them into a small batch and leaves the rest to wait a whole
+batch's time for the next lane. A client alone waits one window. A lane takes
 jobs in arrival order up to its share of what waits (an even split among the lanes that
 are free, at most `max_batch`), and decodes those that share options together: one call
 of `decode` with all their sentences, which sorts them by length into a batch as `nmt
@@ -67,6 +73,10 @@ class Stopping(Exception):
 
 
 Decode = Callable[[list[str], Options], "list[Translation]"]
+
+# The longest a lane gathers, in gather windows from the first request it waits for: a
+# steady stream of arrivals must not hold a free lane back indefinitely.
+GATHER_WINDOWS = 10
 
 
 class Batcher:
@@ -179,9 +189,9 @@ class Batcher:
             self._cond.wait()
         if self._stopping:
             return None, []
-        gathered = self._jobs[0].arrived + self.gather_s
-        while self._queued < self.max_batch and not self._stopping:
-            left = gathered - time.monotonic()
+        cap = self._jobs[0].arrived + self.gather_s * GATHER_WINDOWS
+        while self._jobs and self._queued < self.max_batch and not self._stopping:
+            left = min(self._jobs[-1].arrived + self.gather_s, cap) - time.monotonic()
             if left <= 0:
                 break
             self._cond.wait(left)
