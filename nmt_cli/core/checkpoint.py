@@ -45,7 +45,7 @@ FORMAT_NAME = "nmt-checkpoint"
 FORMAT_VERSION = 2  # the latest this nmt reads
 # Model settings version 1 could not say, with the value every version 1 file meant: a
 # version 1 reader would drop them from `model_config` and build another model.
-_SINCE_VERSION_2 = {"activation": "relu", "output_bias": False, "attention_window": 0}
+_SINCE_VERSION_2 = dict(activation="relu", output_bias=False, attention_window=0, pre_norm=False)
 
 CheckpointKind = Literal["train", "inference"]
 

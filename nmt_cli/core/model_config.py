@@ -50,6 +50,8 @@ class ModelConfig:
     # Restricted self-attention (Table 1): a query sees keys less than this many positions
     # away, the decoder's only earlier ones (core/local_attention.py); 0 is full attention.
     attention_window: int = 0
+    # x + Dropout(Sublayer(LayerNorm(x))), a final norm per stack (fairseq's normalize_before)
+    pre_norm: bool = False
 
     def __post_init__(self) -> None:
         at_least("model", self, 1, "encoder_layers", "decoder_layers", "d_model", "d_ff")

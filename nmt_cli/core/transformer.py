@@ -1,6 +1,7 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3.
 
-Post-norm residual blocks `LayerNorm(x + Dropout(Sublayer(x)))`, multi-head attention
+Post-norm residual blocks `LayerNorm(x + Dropout(Sublayer(x)))` (or, with `pre_norm`,
+`x + Dropout(Sublayer(LayerNorm(x)))` and a final LayerNorm per stack), multi-head attention
 through `scaled_dot_product_attention`, a ReLU feed-forward, sinusoidal (or learned)
 positions, and one embedding matrix shared by the source embedding, the target embedding
 and the pre-softmax projection (section 3.4), scaled by sqrt(d_model). Two settings
@@ -255,29 +256,47 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(self.relu_dropout(self.act(self.w1(x))))
 
-    def step(self, x: Tensor) -> Tensor:
-        """x + FFN(x) for decoding (no dropout), with the ReLU and the residual add fused
-        into the products where the layers can."""
+    def step(self, x: Tensor, residual: Tensor) -> Tensor:
+        """residual + FFN(x) for decoding (no dropout), with the ReLU and the residual add
+        fused into the products where the layers can."""
         if self.activation == "relu":
-            return linear_add(self.w2, linear_relu(self.w1, x), x)
-        return linear_add(self.w2, self.act(linear(self.w1, x)), x)
+            return linear_add(self.w2, linear_relu(self.w1, x), residual)
+        return linear_add(self.w2, self.act(linear(self.w1, x)), residual)
 
 
-class EncoderLayer(nn.Module):
+class Sublayers(nn.Module):
+    """Where a layer's LayerNorms sit, decided once for `forward` and `step`: after each
+    residual add (section 3.1's post-norm) or, with `pre_norm`, on each sublayer's input
+    (fairseq's `normalize_before`), leaving the residual stream itself unnormalized."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        self.pre_norm = cfg.pre_norm
+        self.dropout = Dropout(cfg.dropout)
+
+    def before(self, norm: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        return norm(x) if self.pre_norm else x
+
+    def after(self, norm: Callable[[Tensor], Tensor], total: Tensor) -> Tensor:
+        """The stream after `total` = x + Dropout(Sublayer(...))."""
+        return total if self.pre_norm else norm(total)
+
+
+class EncoderLayer(Sublayers):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
         self.self_attn = MultiHeadAttention(cfg, self_attention=True)
         self.ffn = FeedForward(cfg)
         self.norm1 = LayerNorm(cfg.d_model)
         self.norm2 = LayerNorm(cfg.d_model)
-        self.dropout = Dropout(cfg.dropout)
 
     def forward(
         self, x: Tensor, src_mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        a = self.self_attn(x, key_mask=src_mask, need_weights=need_weights)
-        x = self.norm1(self.dropout.add(x, a.values))
-        return self.norm2(self.dropout.add(x, self.ffn(x))), a.weights
+        a = self.self_attn(self.before(self.norm1, x), key_mask=src_mask, need_weights=need_weights)
+        x = self.after(self.norm1, self.dropout.add(x, a.values))
+        f = self.ffn(self.before(self.norm2, x))
+        return self.after(self.norm2, self.dropout.add(x, f)), a.weights
 
 
 @dataclass
@@ -287,27 +306,27 @@ class DecoderOutput:
     self_attention: list[Tensor] | None = None  # one (B, h, T, prefix + T) per layer
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Sublayers):
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
+        super().__init__(cfg)
         self.self_attn = MultiHeadAttention(cfg, self_attention=True)
         self.cross_attn = MultiHeadAttention(cfg, self_attention=False)
         self.ffn = FeedForward(cfg)
         self.norm1 = LayerNorm(cfg.d_model)
         self.norm2 = LayerNorm(cfg.d_model)
         self.norm3 = LayerNorm(cfg.d_model)
-        self.dropout = Dropout(cfg.dropout)
 
     def forward(
         self, y: Tensor, memory: Tensor, src_mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """-> (output, self-attention weights, cross-attention weights); weights only
         when asked for."""
-        a = self.self_attn(y, causal=True, need_weights=need_weights)
-        y = self.norm1(self.dropout.add(y, a.values))
-        c = self.cross_attn(y, memory, key_mask=src_mask, need_weights=need_weights)
-        y = self.norm2(self.dropout.add(y, c.values))
-        return self.norm3(self.dropout.add(y, self.ffn(y))), a.weights, c.weights
+        a = self.self_attn(self.before(self.norm1, y), causal=True, need_weights=need_weights)
+        y = self.after(self.norm1, self.dropout.add(y, a.values))
+        c = self.cross_attn(self.before(self.norm2, y), memory, src_mask, need_weights=need_weights)
+        y = self.after(self.norm2, self.dropout.add(y, c.values))
+        f = self.ffn(self.before(self.norm3, y))
+        return self.after(self.norm3, self.dropout.add(y, f)), a.weights, c.weights
 
     def step(
         self,
@@ -319,11 +338,14 @@ class DecoderLayer(nn.Module):
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """`forward` for one new position per row, y (B, D), continuing the cached prefix;
         inference only (no dropout)."""
-        y, self_w = self.self_attn.step(y, cache, residual=y, need_weights=need_weights)
-        y = self.norm1.step(y)
-        y, cross_w = self.cross_attn.step(y, cache, y, memory, src_mask, need_weights)
-        y = self.norm2.step(y)
-        return self.norm3.step(self.ffn.step(y)), self_w, cross_w
+        x = self.before(self.norm1.step, y)
+        y, self_w = self.self_attn.step(x, cache, residual=y, need_weights=need_weights)
+        y = self.after(self.norm1.step, y)
+        x = self.before(self.norm2.step, y)
+        y, cross_w = self.cross_attn.step(x, cache, y, memory, src_mask, need_weights)
+        y = self.after(self.norm2.step, y)
+        y = self.ffn.step(self.before(self.norm3.step, y), y)
+        return self.after(self.norm3.step, y), self_w, cross_w
 
 
 class Transformer(nn.Module):
@@ -355,6 +377,9 @@ class Transformer(nn.Module):
         self.tgt_embed = Embedding(tgt_tokens, cfg)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm's LayerNorms after the last layer (fairseq's encoder/decoder.layer_norm).
+        self.encoder_norm = LayerNorm(cfg.d_model) if cfg.pre_norm else None
+        self.decoder_norm = LayerNorm(cfg.d_model) if cfg.pre_norm else None
         self.output_bias = (
             nn.Parameter(torch.zeros(cfg.tgt_vocab_size)) if cfg.output_bias else None
         )
@@ -403,7 +428,7 @@ class Transformer(nn.Module):
             x, w = layer(x, src_mask, need_weights)
             if w is not None:
                 weights.append(w)
-        return x, weights
+        return (x if self.encoder_norm is None else self.encoder_norm(x)), weights
 
     def decode(
         self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, need_weights: bool = False
@@ -417,6 +442,7 @@ class Transformer(nn.Module):
             if self_w is not None and cross_w is not None:
                 own.append(self_w)
                 cross.append(cross_w)
+        y = y if self.decoder_norm is None else self.decoder_norm(y)
         if not need_weights:
             return DecoderOutput(y, None)
         return DecoderOutput(y, cross, own)
@@ -491,6 +517,7 @@ class Transformer(nn.Module):
                 own.append(self_w)
                 cross.append(cross_w)
         cache.length += 1
+        y = y if self.decoder_norm is None else self.decoder_norm.step(y)
         return y, [*own, *cross] if need_weights else None
 
     def cache_memory(self, memory: Tensor, src_mask: Tensor, cache: StepCache) -> None:
@@ -512,18 +539,18 @@ def parameter_breakdown(model: Transformer) -> dict[str, int]:
     """Parameters per component; the shared embedding is counted once, under embeddings."""
     seen: set[int] = set()
 
-    def count(module: nn.Module) -> int:
+    def count(*modules: nn.Module | None) -> int:
         total = 0
-        for p in module.parameters():
+        for p in (p for m in modules if m is not None for p in m.parameters()):
             if id(p) not in seen:
                 seen.add(id(p))
                 total += p.numel()
         return total
 
     parts = {
-        "embeddings": count(model.src_embed) + count(model.tgt_embed),
-        "encoder": count(model.encoder),
-        "decoder": count(model.decoder),
+        "embeddings": count(model.src_embed, model.tgt_embed),
+        "encoder": count(model.encoder, model.encoder_norm),
+        "decoder": count(model.decoder, model.decoder_norm),
     }
     parts["total"] = sum(parts.values())
     return parts

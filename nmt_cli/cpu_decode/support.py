@@ -6,8 +6,9 @@ they repeat the decoder's structure (post-norm layers, full attention, a ReLU
 feed-forward, the tied projection and its optional bias). Every setting of core's
 `ModelConfig` is therefore declared here with the values they implement, and a model
 whose settings fall outside (a SiLU or GELU feed-forward, a restricted attention
-window), or that has a setting this table does not know (one core gains later), decodes
-on the reference step, with one notice, instead of silently computing another model.
+window, pre-norm layers), or that has a setting this table does not know (one core
+gains later), decodes on the reference step, with one notice, instead of silently
+computing another model.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ SUPPORTED: dict[str, Callable[[Any], bool]] = {
     "activation": lambda value: value == "relu",  # the step fuses ReLU into the product
     "output_bias": _any,  # the projection is a linear layer with an optional bias
     "attention_window": lambda value: value == 0,  # the step attends to the whole prefix
+    "pre_norm": lambda value: value is False,  # the step normalizes after each residual add
 }
 
 PRECISIONS = ("fp32", "bf16", "int8")

@@ -20,6 +20,7 @@ from translation_ckpt import (
     copy_checkpoint,
     sentences,
     separate_vocab,
+    tiny_vocab,
 )
 from typer.testing import CliRunner
 from unix_helpers import no_escape, sole_error
@@ -53,6 +54,12 @@ def export(*args: str) -> tuple[int, str]:
 @pytest.fixture
 def trained(copy_model: Path) -> Path:
     return copy_model
+
+
+@pytest.fixture(scope="module")
+def pre_norm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pre") / "pre.pt"
+    return copy_checkpoint(path, tiny_vocab(), steps=150, pre_norm=True)
 
 
 @pytest.fixture(scope="module")
@@ -244,6 +251,20 @@ def test_learned_positions_go_to_ctranslate2_but_not_to_marian(
     assert export("--to", "ctranslate2", str(learned), str(tmp_path / "ct2"))[0] == 0
     lines = LINES[:10]
     assert_same(nmt_greedy(load_checkpoint(learned), lines), ct2_greedy(tmp_path / "ct2", lines))
+
+
+def test_pre_norm_goes_to_ctranslate2_but_not_to_marian(pre_norm: Path, tmp_path: Path) -> None:
+    """CTranslate2's pre-norm layers and final norms decode the pre-norm copy model as
+    nmt does; MarianMT's layers are post-norm only, so that export is refused."""
+    code, err = export("--to", "huggingface", str(pre_norm), str(tmp_path / "hf"))
+    assert code == 1 and "pre-norm layers (model.pre_norm)" in sole_error(err)
+    assert not (tmp_path / "hf").exists()
+    assert export("--to", "ctranslate2", str(pre_norm), str(tmp_path / "ct2"))[0] == 0
+    ckpt = load_checkpoint(pre_norm)
+    assert ckpt.model_config.pre_norm
+    ours = nmt_greedy(ckpt, LINES)
+    assert_same(ours, ct2_greedy(tmp_path / "ct2", LINES), cut=True)
+    assert [ckpt.vocab.tgt.decode(t) for t, _ in ours[: len(COPY_POOL)]] == COPY_POOL
 
 
 def test_restricted_attention_is_refused_by_both_targets(trained: Path, tmp_path: Path) -> None:

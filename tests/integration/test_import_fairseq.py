@@ -5,7 +5,11 @@ dict}) under fairseq's documented state-dict names, in both namings fairseq has 
 with dict.en.txt, dict.de.txt and subword-nmt bpecodes made here. Its weights come from
 transformers' FSMT, the port of fairseq's WMT Transformer (fairseq's sinusoids offset by
 padding_idx + 1, decoding from </s>), which gives the reference outputs: the same greedy
-tokens and log-probabilities to 1e-4. bench/import_check_fairseq.py checks a checkpoint
+tokens and log-probabilities to 1e-4. Pre-norm checkpoints (`--encoder-normalize-before
+--decoder-normalize-before`) come from transformers' MBart, the port of fairseq's
+pre-norm Transformer (learned positions offset by padding_idx + 1, a final LayerNorm per
+stack) with its embedding LayerNorm taken out, which fairseq's transformer adds only
+under `layernorm_embedding`. bench/import_check_fairseq.py checks a checkpoint
 trained by fairseq itself. The text side (Moses + BPE with fairseq's defaults) is
 checked against sacremoses and subword-nmt directly."""
 
@@ -83,11 +87,61 @@ def _dictionary(path: Path) -> dict[str, int]:
     return {w: i for i, w in enumerate(words)}
 
 
+def _mbart(vocab: int, activation: str) -> Any:
+    """A pre-norm MBart with random weights (its LayerNorms' too, so that each must land
+    in its place) and no LayerNorm on the embeddings."""
+    config = transformers.MBartConfig(
+        vocab_size=vocab,
+        activation_function=activation,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        max_position_embeddings=64,
+        scale_embedding=True,
+        tie_word_embeddings=True,
+        init_std=0.4,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.MBartForConditionalGeneration(config).eval()
+    model.model.encoder.layernorm_embedding = torch.nn.Identity()
+    model.model.decoder.layernorm_embedding = torch.nn.Identity()
+    with torch.no_grad():
+        for norm in (m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)):
+            norm.weight.normal_(1.0, 0.3)
+            norm.bias.normal_(0.0, 0.3)
+    drop = ("shared.", "lm_head.", "final_logits_bias")
+    state = {
+        k.removeprefix("model."): v.clone()
+        for k, v in model.state_dict().items()
+        if not k.removeprefix("model.").startswith(drop)
+    }
+    state["decoder.output_projection.weight"] = state["decoder.embed_tokens.weight"]
+    return model, state
+
+
 def write_fairseq(
-    out: Path, data: Path, activation: str = "relu", legacy: bool = False, **args: Any
+    out: Path,
+    data: Path,
+    activation: str = "relu",
+    legacy: bool = False,
+    pre_norm: bool = False,
+    **args: Any,
 ) -> Any:
-    """An FSMT model with random weights, saved as fairseq saves a checkpoint."""
+    """An FSMT model (or, `pre_norm`, an MBart) with random weights, saved as fairseq
+    saves a checkpoint."""
     src, tgt = _dictionary(data / "dict.en.txt"), _dictionary(data / "dict.de.txt")
+    if pre_norm:
+        model, state = _mbart(len(src), activation)
+        return _save(out, model, state, legacy, activation, pre_norm, args)
     config = transformers.FSMTConfig(
         langs=["en", "de"],
         src_vocab_size=len(src),
@@ -117,20 +171,32 @@ def write_fairseq(
         for k, v in model.state_dict().items()
         if "embed_positions" not in k
     }
+    state["encoder.embed_positions._float_tensor"] = torch.zeros(1)
+    state["decoder.embed_positions._float_tensor"] = torch.zeros(1)
+    return _save(out, model, state, legacy, activation, pre_norm, args)
+
+
+def _save(
+    out: Path,
+    model: Any,
+    state: dict[str, torch.Tensor],
+    legacy: bool,
+    activation: str,
+    pre_norm: bool,
+    args: dict[str, Any],
+) -> Any:
     if legacy:  # fairseq before 0.7: fused input projections, the encoder's layer_norms.N
         for name in [k for k in state if k.endswith("q_proj.weight")]:
             base = name.removesuffix(".q_proj.weight")
             for kind in ("weight", "bias"):
                 parts = [state.pop(f"{base}.{p}_proj.{kind}") for p in "qkv"]
                 state[f"{base}.in_proj_{kind}"] = torch.cat(parts)
-        for name in [k for k in state if k.startswith("encoder.") and "layer_norm." in k]:
+        for name in [k for k in state if k.startswith("encoder.layers.") and "layer_norm." in k]:
             number = "0" if "self_attn_layer_norm" in name else "1"
             kind = name.rsplit(".", 1)[1]
             layer = name.split(".")[2]
             state[f"encoder.layers.{layer}.layer_norms.{number}.{kind}"] = state.pop(name)
         state.pop("decoder.output_projection.weight")
-    state["encoder.embed_positions._float_tensor"] = torch.zeros(1)
-    state["decoder.embed_positions._float_tensor"] = torch.zeros(1)
     settings = dict(
         arch="transformer",
         encoder_embed_dim=32,
@@ -147,8 +213,10 @@ def write_fairseq(
         activation_dropout=0.0,
         share_decoder_input_output_embed=True,
         share_all_embeddings=True,
-        encoder_normalize_before=False,
-        decoder_normalize_before=False,
+        encoder_normalize_before=pre_norm,
+        decoder_normalize_before=pre_norm,
+        encoder_learned_pos=pre_norm,
+        decoder_learned_pos=pre_norm,
         max_source_positions=60,
         max_target_positions=60,
         source_lang="en",
@@ -159,14 +227,18 @@ def write_fairseq(
     return model
 
 
-@pytest.mark.parametrize(("activation", "legacy"), [("relu", False), ("gelu", True)])
+@pytest.mark.parametrize(
+    ("activation", "legacy", "pre_norm"),
+    [("relu", False, False), ("gelu", True, False), ("gelu", True, True)],
+)
 def test_the_import_decodes_as_fairseqs_transformer(
-    tmp_path: Path, data_dir: Path, activation: str, legacy: bool
+    tmp_path: Path, data_dir: Path, activation: str, legacy: bool, pre_norm: bool
 ) -> None:
-    fsmt = write_fairseq(tmp_path / "checkpoint.pt", data_dir, activation, legacy)
+    fsmt = write_fairseq(tmp_path / "checkpoint.pt", data_dir, activation, legacy, pre_norm)
     config = ImportConfig("fairseq", tmp_path / "checkpoint.pt", tmp_path / "m.pt")
     result = import_model(ImportConfig(**{**config.__dict__, "data_dir": data_dir}))
     assert result.model_config.positions == "learned" and result.model_config.output_bias
+    assert result.model_config.pre_norm == pre_norm
     ckpt = load_checkpoint(tmp_path / "m.pt")
     assert ckpt.vocab.src.kind == ckpt.vocab.tgt.kind == "moses-bpe"
     assert ckpt.origin is not None and ckpt.origin["imported_from"] == "fairseq"
@@ -258,7 +330,16 @@ def test_text_goes_through_moses_and_bpe_as_fairseq_reads_it(
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"encoder_normalize_before": True}, "encoder_normalize_before = True: pre-norm"),
+        (
+            {"encoder_normalize_before": True},
+            "encoder_normalize_before = True but decoder_normalize_before = False",
+        ),
+        (
+            {"encoder_normalize_before": True, "decoder_normalize_before": True}
+            | {"no_decoder_final_norm": True},
+            "no_decoder_final_norm = True",
+        ),
+        ({"layernorm_embedding": True}, "layernorm_embedding = True: a LayerNorm on the embed"),
         ({"arch": "lstm"}, "arch 'lstm'"),
         ({"activation_fn": "tanh"}, "activation_fn 'tanh'"),
         ({"decoder_ffn_embed_dim": 128}, "encoder_ffn_embed_dim 64 but decoder_ffn_embed_dim 128"),

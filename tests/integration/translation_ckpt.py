@@ -7,6 +7,7 @@ translation can be checked exactly, through tokenization and detokenization).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -85,14 +86,16 @@ def copy_checkpoint(
     reverse: bool = False,
     pool: list[str] | None = None,
     seed: int = 0,
+    pre_norm: bool = False,
 ) -> Path:
     """A model trained to copy `pool` (or to reverse its words), to be decoded exactly by
     the tests. The default pool, COPY_POOL, is learned by heart: such a model may write a
     word it does not attend to, as it knows the sentence. Trained on a large random pool,
     it has to copy, and its cross-attention points at the word it writes. A separate
-    target vocabulary is copied through; `seed` gives another model of the same data."""
+    target vocabulary is copied through; `seed` gives another model of the same data;
+    `pre_norm` a model with pre-norm layers."""
     torch.manual_seed(seed)
-    cfg = tiny_config(vocab, d_model=64)
+    cfg = dataclasses.replace(tiny_config(vocab, d_model=64), pre_norm=pre_norm)
     model = Transformer(cfg)
     sources = COPY_POOL if pool is None else pool
     targets = [reverse_words(line) if reverse else line for line in sources]

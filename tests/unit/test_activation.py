@@ -64,7 +64,7 @@ def test_the_feed_forward_applies_the_activation(name: str, function: object) ->
     torch.testing.assert_close(ffn(x), want)
     assert not torch.allclose(want, ffn.w2(F.relu(ffn.w1(x))))
     step = x[:, 0] + want[:, 0]  # the step adds the residual
-    torch.testing.assert_close(ffn.step(x[:, 0]), step)
+    torch.testing.assert_close(ffn.step(x[:, 0], x[:, 0]), step)
 
 
 @pytest.mark.parametrize("overrides", [{"activation": "silu"}, {"output_bias": True}])

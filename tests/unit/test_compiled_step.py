@@ -279,7 +279,7 @@ def test_a_change_to_the_python_step_alone_is_caught(
     from nmt_cli.core.transformer import FeedForward
 
     original = FeedForward.step
-    monkeypatch.setattr(FeedForward, "step", lambda self, x: original(self, x) * 1.001)
+    monkeypatch.setattr(FeedForward, "step", lambda self, *xs: original(self, *xs) * 1.001)
     with pytest.raises(AssertionError, match="log-probabilities differ"):
         _steps_agree(decode_model("fp32", kernel, compiled=True))
 

@@ -4,8 +4,10 @@ The model is described with `ctranslate2.specs.TransformerSpec.from_config` and 
 by the spec's `optimize` (aliasing shared weights, optional quantization) and `save`, the
 path CTranslate2's own converters take; no binary is written by hand. How each part maps:
 
-- Post-norm: `pre_norm=False`. CTranslate2 then applies each sublayer's LayerNorm after
-  the residual add, LayerNorm(x + Sublayer(x)), as our layers do, and has no final norm.
+- Norms: `pre_norm` as `model.pre_norm`. Post-norm, CTranslate2 applies each sublayer's
+  LayerNorm after the residual add, LayerNorm(x + Sublayer(x)), as our layers do, and
+  has no final norm; pre-norm, on the sublayer's input, x + Sublayer(LayerNorm(x)), and
+  its encoder and decoder `layer_norm` are our `encoder_norm` and `decoder_norm`.
   `layer_norm_epsilon` is set to torch's 1e-5 (CTranslate2's default differs).
 - Feed-forward: `activation` RELU, SWISH (silu) or GELU (exact, erf) as
   `model.activation` says; w1 -> ffn.linear_0, w2 -> ffn.linear_1.
@@ -107,7 +109,7 @@ def build_spec(ckpt: Checkpoint) -> Any:
     spec = specs.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers),
         cfg.n_heads,
-        pre_norm=False,
+        pre_norm=cfg.pre_norm,
         activation=getattr(specs.common_spec.Activation, _ACTIVATIONS[cfg.activation]),
     )
     positions = _positions(ckpt)
@@ -125,6 +127,9 @@ def build_spec(ckpt: Checkpoint) -> Any:
         _set_attention(layer.self_attention, weights, p + "self_attn.", ["qkv"], p + "norm1")
         _set_attention(layer.attention, weights, p + "cross_attn.", ["q", "kv"], p + "norm2")
         _set_ffn(layer.ffn, weights, p + "ffn.", p + "norm3")
+    if cfg.pre_norm:
+        _set_norm(spec.encoder.layer_norm, weights, "encoder_norm")
+        _set_norm(spec.decoder.layer_norm, weights, "decoder_norm")
 
     src_pieces, tgt_pieces = all_pieces(ckpt.vocab.src), all_pieces(ckpt.vocab.tgt)
     spec.register_source_vocabulary(src_pieces)

@@ -74,6 +74,11 @@ def import_transformers() -> Any:
 
 
 def check_exportable(cfg: ModelConfig) -> None:
+    if cfg.pre_norm:
+        raise NmtError(
+            "--to huggingface: this model has pre-norm layers (model.pre_norm), and "
+            "MarianMT's are post-norm only; export it --to ctranslate2"
+        )
     if cfg.positions != "sinusoidal":
         raise NmtError(
             "--to huggingface: this model has learned positions, and MarianMT always uses "

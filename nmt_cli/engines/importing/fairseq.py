@@ -5,8 +5,11 @@ Translation") with its `dict.SRC.txt`, `dict.TGT.txt` and `bpecodes`.
 fairseq's Transformer is the paper's, post-norm by default, and maps exactly, or is
 refused by name:
 
-- Layers: `encoder_normalize_before` / `decoder_normalize_before` (pre-norm, with a
-  final LayerNorm), `layernorm_embedding`, `no_scale_embedding`, an adaptive softmax,
+- Layers: `encoder_normalize_before` and `decoder_normalize_before` (pre-norm layers,
+  as `transformer_wmt_en_de_big_t2t` has them) are `model.pre_norm`, with fairseq's
+  final `encoder.layer_norm` / `decoder.layer_norm` as nmt's `encoder_norm` /
+  `decoder_norm`; one side pre-norm and the other post-norm, `no_decoder_final_norm`,
+  `layernorm_embedding`, `no_scale_embedding`, an adaptive softmax,
   cross-self-attention and encoder and decoder of different sizes are refused. The
   attention projections come in either naming fairseq has written (q/k/v_proj, or one
   `in_proj_weight` of [Q; K; V] rows in checkpoints before 0.7, with `layer_norms.0/1`
@@ -59,7 +62,7 @@ NMT_NAMES = ("<pad>", "<unk>", "<s>", "</s>")
 FAIRSEQ_BOS = "<s:fairseq>"
 ACTIVATIONS: dict[str, Activation] = {"relu": "relu", "gelu": "gelu"}
 # fairseq's defaults where a checkpoint's configuration leaves a key out (base_architecture;
-# the big model's transformer_vaswani_wmt_en_de_big).
+# the big model's transformer_vaswani_wmt_en_de_big; its t2t variant is pre-norm).
 BASE: dict[str, float] = {
     "encoder_embed_dim": 512,
     "encoder_ffn_embed_dim": 2048,
@@ -69,18 +72,18 @@ BASE: dict[str, float] = {
 }
 BIG: dict[str, float] = {"encoder_embed_dim": 1024, "encoder_ffn_embed_dim": 4096}
 BIG |= {"encoder_attention_heads": 16, "dropout": 0.3}
+T2T: dict[str, float] = {"encoder_normalize_before": True, "decoder_normalize_before": True}
+T2T |= {"attention_dropout": 0.1, "activation_dropout": 0.1}
 ARCHES: dict[str, dict[str, float]] = {
     "transformer": BASE,
     "transformer_wmt_en_de": BASE,
     "transformer_vaswani_wmt_en_de_big": {**BASE, **BIG},
     "transformer_wmt_en_de_big": {**BASE, **BIG},
-    "transformer_wmt_en_de_big_t2t": {**BASE, **BIG},
+    "transformer_wmt_en_de_big_t2t": {**BASE, **BIG, **T2T},
     "transformer_vaswani_wmt_en_fr_big": {**BASE, **BIG, "dropout": 0.1},
 }
 # Settings nmt's Transformer does not have: refused when true (or set).
 REFUSED = {
-    "encoder_normalize_before": "pre-norm encoder layers",
-    "decoder_normalize_before": "pre-norm decoder layers",
     "layernorm_embedding": "a LayerNorm on the embeddings",
     "no_scale_embedding": "unscaled embeddings (nmt scales by sqrt(d_model), section 3.4)",
     "adaptive_softmax_cutoff": "an adaptive softmax",
@@ -140,6 +143,7 @@ def import_fairseq(
         joint_vocab=vocab.joint,
         activation=ACTIVATIONS[str(args["activation_fn"])],
         output_bias=True,
+        pre_norm=bool(args.get("encoder_normalize_before")),
     )
     weights = _layers(state, cfg)
     src_embed = _get(state, "encoder.embed_tokens.weight")
@@ -247,6 +251,14 @@ def _check(args: dict[str, Any]) -> None:
     for key, what in REFUSED.items():
         if args.get(key):
             raise refuse(f"{key} = {args[key]!r}: {what}, which nmt's Transformer does not have")
+    pre = [bool(args.get(f"{side}_normalize_before")) for side in ("encoder", "decoder")]
+    if pre[0] != pre[1]:
+        raise refuse(
+            f"encoder_normalize_before = {pre[0]} but decoder_normalize_before = {pre[1]}: "
+            "nmt's layers are all pre-norm or all post-norm (model.pre_norm)"
+        )
+    if pre[1] and args.get("no_decoder_final_norm"):
+        raise refuse("no_decoder_final_norm = True: nmt's pre-norm decoder ends with a LayerNorm")
     for ours in ("embed_dim", "ffn_embed_dim", "attention_heads"):
         enc, dec = args[f"encoder_{ours}"], args[f"decoder_{ours}"]
         if enc != dec:
@@ -363,4 +375,7 @@ def _layers(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
         copy(f"{ours}.norm3", f"{theirs}.final_layer_norm")
         copy(f"{ours}.ffn.w1", f"{theirs}.fc1")
         copy(f"{ours}.ffn.w2", f"{theirs}.fc2")
+    if cfg.pre_norm:
+        copy("encoder_norm", "encoder.layer_norm")
+        copy("decoder_norm", "decoder.layer_norm")
     return out
