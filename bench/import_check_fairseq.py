@@ -87,6 +87,9 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=500, help="test sentences")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, help="keep the work here (default: a temp dir)")
+    parser.add_argument(
+        "--reuse", action="store_true", help="with --work: keep a fairseq model trained there"
+    )
     args = parser.parse_args()
     print("command:", shlex.join(["python", *sys.argv]))
     fairseq = [str(args.fairseq_python), "-m"]
@@ -118,6 +121,24 @@ def check(args: argparse.Namespace, work: Path, fairseq: list[str]) -> None:
         text = "".join(bpe.process_line(line) + "\n" for line in lines)
         (work / f"{split}.{lang}").write_text(text, encoding="utf-8")
     data = work / "bin"
+    checkpoint = work / "checkpoints" / "checkpoint_last.pt"
+    if args.reuse and checkpoint.is_file():
+        print(f"reusing {checkpoint} (--reuse)")
+    else:
+        train_fairseq(args, work, fairseq, data)
+    for lang in (src, tgt):
+        (model_dir / f"dict.{lang}.txt").write_bytes((data / f"dict.{lang}.txt").read_bytes())
+    imported = work / "imported.pt"
+    run([sys.executable, "-m", "nmt_cli", "import", "--from", "fairseq", str(checkpoint),
+         "--data-dir", str(model_dir), "-o", str(imported),
+         "--src", src, "--tgt", tgt])  # fmt: skip
+    greedy(args, work, fairseq, data, checkpoint, imported, raw["test", src])
+    beam(args, work, fairseq, data, checkpoint, imported, raw)
+
+
+def train_fairseq(args: argparse.Namespace, work: Path, fairseq: list[str], data: Path) -> None:
+    """fairseq-preprocess (one joined dictionary) and fairseq-train of the small model."""
+    src, tgt = args.src, args.tgt
     run([*fairseq, "fairseq_cli.preprocess", "--source-lang", src, "--target-lang", tgt,
          "--trainpref", str(work / "train"), "--validpref", str(work / "valid"),
          "--testpref", str(work / "test"), "--destdir", str(data), "--joined-dictionary",
@@ -136,14 +157,6 @@ def check(args: argparse.Namespace, work: Path, fairseq: list[str]) -> None:
          "--num-workers", "0", "--log-interval", "50"],
         env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))  # fmt: skip
     print(f"fairseq-train: {time.perf_counter() - started:.0f} s, {args.updates} updates")
-    for lang in (src, tgt):
-        (model_dir / f"dict.{lang}.txt").write_bytes((data / f"dict.{lang}.txt").read_bytes())
-    checkpoint = work / "checkpoints" / "checkpoint_last.pt"
-    imported = work / "imported.pt"
-    run([sys.executable, "-m", "nmt_cli", "import", "--from", "fairseq", str(checkpoint),
-         "--data-dir", str(model_dir), "-o", str(imported)])  # fmt: skip
-    greedy(args, work, fairseq, data, checkpoint, imported, raw["test", src])
-    beam(args, work, fairseq, data, checkpoint, imported, raw)
 
 
 def fairseq_generate(

@@ -355,3 +355,33 @@ def test_what_nmt_cannot_compute_is_refused_by_name(
     no_escape(result)
     assert result.exit_code == 1 and message in result.output, result.output
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_fairseq_012_command_line_checkpoints_keep_their_settings_in_cfg(
+    tmp_path: Path, data_dir: Path
+) -> None:
+    """fairseq 0.12 trained from the command line (`--arch transformer`) stores no `args`:
+    its settings are `cfg["model"]`, an argparse Namespace, and `cfg["task"]` names no
+    languages when the data directory did. Imported, the weights equal those of the
+    older layout; the languages must then be given."""
+    write_fairseq(tmp_path / "old.pt", data_dir)
+    raw = torch.load(tmp_path / "old.pt", weights_only=False)
+    settings = vars(raw.pop("args"))
+    settings.pop("source_lang"), settings.pop("target_lang")
+    task = {"_name": "translation", "source_lang": None, "target_lang": None}
+    raw.update(args=None, cfg={"model": argparse.Namespace(**settings), "task": task})
+    torch.save(raw, tmp_path / "new.pt")
+    base = ["import", "--from", "fairseq", "--data-dir", str(data_dir)]
+    unnamed = runner.invoke(app, [*base, str(tmp_path / "new.pt"), "-o", str(tmp_path / "x.pt")])
+    no_escape(unnamed)
+    assert unnamed.exit_code == 1 and "--src and --tgt" in unnamed.output
+    for name in ("old", "new"):
+        languages = ["--src", "en", "--tgt", "de"] if name == "new" else []
+        out = [str(tmp_path / f"{name}.pt"), "-o", str(tmp_path / f"{name}.nmt.pt"), *languages]
+        done = runner.invoke(app, [*base, *out])
+        assert done.exit_code == 0, done.output
+    old, new = (load_checkpoint(tmp_path / f"{n}.nmt.pt") for n in ("old", "new"))
+    assert old.model_config == new.model_config
+    assert old.model.keys() == new.model.keys()
+    for key, value in old.model.items():
+        assert torch.equal(value, new.model[key]), key

@@ -235,8 +235,12 @@ def _settings(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(node: Any) -> dict[str, Any]:
+    """A `cfg` section as a dict: an OmegaConf node, a dict, or (fairseq 0.12's `cfg.model`
+    for an architecture chosen with `--arch` on the command line) an argparse Namespace."""
     if node is None:
         return {}
+    if isinstance(node, argparse.Namespace):
+        return vars(node)
     try:
         from omegaconf import OmegaConf
 
