@@ -46,10 +46,21 @@ import sacrebleu
 from nmt_cli.text_io import read_lines
 
 
-def run(command: list[str], env: dict[str, str] | None = None) -> str:
+def run(command: list[str], env: dict[str, str] | None = None, both: bool = False) -> str:
+    """The command's standard output (with `both`, followed by its standard error, where
+    fairseq-generate logs its timing and nmt translate its summary)."""
     print("$", shlex.join(command), flush=True)
-    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
-    return done.stdout
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout + ("\n" + done.stderr if both else "")
+
+
+def fairseq_env(threads: int) -> dict[str, str]:
+    """fairseq's processes: `threads` OpenMP threads, and torch.load as fairseq 0.12 expects
+    it (torch >= 2.6 loads weights only by default, which refuses the argparse Namespace
+    fairseq stores in its checkpoints)."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1")
 
 
 def split_file(corpus: Path, split: str, lang: str) -> Path:
@@ -155,19 +166,23 @@ def train_fairseq(args: argparse.Namespace, work: Path, fairseq: list[str], data
          "--max-tokens", "4000", "--max-update", str(args.updates), "--cpu", "--seed", "1",
          "--save-dir", str(work / "checkpoints"), "--no-epoch-checkpoints",
          "--num-workers", "0", "--log-interval", "50"],
-        env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))  # fmt: skip
+        env=fairseq_env(args.threads))  # fmt: skip
     print(f"fairseq-train: {time.perf_counter() - started:.0f} s, {args.updates} updates")
 
 
 def fairseq_generate(
-    fairseq: list[str], data: Path, checkpoint: Path, model_dir: Path, beam: int, threads: int
+    args: argparse.Namespace, fairseq: list[str], data: Path, checkpoint: Path, model_dir: Path
 ) -> str:
+    """Beam 4 with fairseq's own Moses + BPE post-processing (the D lines); the languages
+    given, since a checkpoint trained from the command line does not name them."""
+    src, tgt = args.src, args.tgt
     return run([*fairseq, "fairseq_cli.generate", str(data), "--path", str(checkpoint),
-                "--gen-subset", "test", "--beam", str(beam), "--cpu", "--batch-size", "128",
+                "--gen-subset", "test", "--source-lang", src, "--target-lang", tgt,
+                "--beam", "4", "--cpu", "--batch-size", "128",
                 "--max-len-a", "1", "--max-len-b", "50", "--tokenizer", "moses",
                 "--bpe", "subword_nmt", "--bpe-codes", str(model_dir / "bpecodes"),
                 "--remove-bpe"],
-               env=dict(os.environ, OMP_NUM_THREADS=str(threads)))  # fmt: skip
+               env=fairseq_env(args.threads), both=True)  # fmt: skip
 
 
 def by_id(text: str, kind: str) -> dict[int, str]:
@@ -196,27 +211,36 @@ def greedy(
     from nmt_cli.core.checkpoint import load_checkpoint
     from nmt_cli.core.search import greedy_search
 
+    src, tgt = args.src, args.tgt
     out = run([*fairseq, "fairseq_cli.generate", str(data), "--path", str(checkpoint),
-               "--gen-subset", "test", "--beam", "1", "--cpu", "--batch-size", "64",
-               "--max-len-a", "1", "--max-len-b", "50"])  # fmt: skip
+               "--gen-subset", "test", "--source-lang", src, "--target-lang", tgt,
+               "--beam", "1", "--cpu", "--batch-size", "64",
+               "--max-len-a", "1", "--max-len-b", "50"], env=fairseq_env(args.threads))  # fmt: skip
     hyps, scores = by_id(out, "H"), by_id(out, "P")
     ckpt = load_checkpoint(imported)
     model = ckpt.build_model()
     torch.set_num_threads(args.threads)
-    same, worst, total = 0, 0.0, len(sources)
+    kept = sorted(hyps)  # fairseq-generate leaves out a few sentences: compare the others
+    same, cut, worst, total = 0, 0, 0.0, len(kept)
     for lo in range(0, total, 64):
-        ids = ckpt.vocab.src.encode(sources[lo : lo + 64])
+        ids = ckpt.vocab.src.encode([sources[i] for i in kept[lo : lo + 64]])
         found = greedy_search(model, pad_sources(ids), max_len_a=1.0, max_len_b=50)
         for offset, hyp in enumerate(found):
-            index = lo + offset
+            index = kept[lo + offset]
             theirs = hyps[index].split("\t")[-1].split()
             ours = ckpt.vocab.tgt.pieces(hyp[0].tokens)
             if ours == theirs:
                 same += 1
                 log_probs = [float(x) * math.log(2) for x in scores[index].split()]
                 worst = max(worst, abs(sum(log_probs) - hyp[0].log_prob) / len(log_probs))
+            elif len(ours) == len(ids[offset]) + 50 and theirs[: len(ours)] == ours:
+                # nmt's limit is a * |source| + b per sentence; fairseq's counts the padded
+                # batch's width (</s> included), so a runaway hypothesis runs on longer there
+                cut += 1
     print(
-        f"greedy: {same} of {total} test sentences give fairseq's tokens; their "
+        f"greedy: {same} of {total} test sentences (of {len(sources)}; the others "
+        f"fairseq-generate left out) give fairseq's tokens, {cut} more its tokens up to "
+        "nmt's length limit (fairseq's limit is the padded batch's); their "
         f"log-probabilities differ by at most {worst:.2e} per token"
     )
 
@@ -231,28 +255,31 @@ def beam(
     raw: dict[tuple[str, str], list[str]],
 ) -> None:
     src, tgt = args.src, args.tgt
-    refs = raw["test", tgt]
-    out = fairseq_generate(fairseq, data, checkpoint, work / "model", 4, args.threads)
+    out = fairseq_generate(args, fairseq, data, checkpoint, work / "model")
     detok = by_id(out, "D")
-    theirs = [detok[i].split("\t")[-1] for i in range(len(refs))]
+    kept = sorted(detok)  # the sentences fairseq-generate translated, for both systems
+    refs = [raw["test", tgt][i] for i in kept]
+    theirs = [detok[i].split("\t")[-1] for i in kept]
     timing = re.search(r"Translated .*? in ([\d.]+)s \(([\d.]+) sentences/s", out)
     source = work / "test.raw"
-    source.write_text("".join(line + "\n" for line in raw["test", src]), encoding="utf-8")
-    started = time.perf_counter()
+    source.write_text("".join(raw["test", src][i] + "\n" for i in kept), encoding="utf-8")
     report = run([sys.executable, "-m", "nmt_cli", "translate", "-m", str(imported),
                   "-i", str(source), "--precision", "fp32", "--threads", str(args.threads),
-                  "--max-len-a", "1", "--max-len-b", "50"])  # fmt: skip
-    wall = time.perf_counter() - started
-    ours = report.splitlines()
+                  "--max-len-a", "1", "--max-len-b", "50"], both=True)  # fmt: skip
+    ours = report.splitlines()[: len(kept)]
+    rate = re.search(r"\(([\d.]+) sent/s", report)
     bleu = sacrebleu.BLEU()
-    print("\n| system | sent/s | sacreBLEU |")
+    print(
+        f"\n{len(kept)} sentences (fairseq-generate left out {len(raw['test', src]) - len(kept)})"
+    )
+    print("| system | sent/s (decoding, loading not counted) | sacreBLEU |")
     print("|---|---:|---:|")
     if timing:
-        rate = float(timing.group(2))
-        print(f"| fairseq-generate beam 4 (its own timing) | {rate:.1f} | "
+        print(f"| fairseq-generate beam 4 | {float(timing.group(2)):.1f} | "
               f"{bleu.corpus_score(theirs, [refs]).score:.1f} |")  # fmt: skip
-    print(f"| nmt translate beam 4, imported (wall, load included) | {len(ours) / wall:.1f} | "
-          f"{bleu.corpus_score(ours, [refs]).score:.1f} |")  # fmt: skip
+    if rate:
+        print(f"| nmt translate beam 4, imported | {float(rate.group(1)):.1f} | "
+              f"{bleu.corpus_score(ours, [refs]).score:.1f} |")  # fmt: skip
     agree = sum(a == b for a, b in zip(ours, theirs, strict=True)) / len(refs)
     print(f"same text: {agree:.1%}; sacreBLEU signature: {bleu.get_signature()}")
 
