@@ -68,9 +68,7 @@ def serve(
     workers: int = _T["workers"],
     python_step: bool = _T["python_step"],
     alignment_layer: int = _T["alignment_layer"],
-    gather_ms: float = typer.Option(
-        5.0, "--gather-ms", help="A batch waits until no request came for this long (ms)."
-    ),
+    gather_ms: float = typer.Option(5.0, "--gather-ms", help="Wait for more requests (ms)."),
     max_batch: int = typer.Option(
         0,
         "--max-batch",

@@ -168,28 +168,22 @@ def test_free_lanes_share_what_waits_and_decode_side_by_side() -> None:
     assert queue.stop(5)
 
 
-def test_a_lane_gathers_while_requests_keep_coming_up_to_ten_windows() -> None:
-    """Clients coming back one by one after a batch (each within a window of the last)
-    join one batch, though they span more than a window; a stream that never pauses is
-    cut after ten windows."""
+def test_a_free_lane_takes_an_even_share_of_the_work_not_all_that_waits() -> None:
+    """One lane is decoding 1 sentence when 9 arrive: the free lane takes 5 (half of the
+    10), not 9, and leaves 4 for the busy lane, so that neither lane settles into large
+    batches beside the other's small ones."""
     model = Model()
-    queue = batcher(model, max_batch=100, gather_s=0.1)
+    model.gate.clear()
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 64, 0.2, lanes=2)
     queue.start()
-    first = [queue.submit(["a0"], PLAIN, 10)]
-    for i in range(1, 4):
-        time.sleep(0.05)  # each within the window of the one before, 0.15 s in all
-        first.append(queue.submit([f"a{i}"], PLAIN, 10))
-    for job in first:
-        job.future.result(5)
-    assert model.calls == [(["a0", "a1", "a2", "a3"], PLAIN)]
-
-    model.calls.clear()
-    stream, start = [], time.monotonic()
-    while time.monotonic() - start < 1.6:  # arrivals every 20 ms for 1.6 s
-        stream.append(queue.submit(["s"], PLAIN, 10))
-        time.sleep(0.02)
-    for job in stream:
-        job.future.result(5)
-    assert len(model.calls) >= 2  # cut at ten windows (1 s), not after the stream
-    assert len(model.calls[0][0]) < len(stream)
-    queue.stop(5)
+    first = queue.submit(["x"], PLAIN, 10)
+    assert model.started.wait(5)  # one lane holds "x"
+    time.sleep(0.3)  # past "x"'s gather window: the other lane waits for new work
+    jobs = [queue.submit([f"s{i}"], PLAIN, 10) for i in range(9)]
+    time.sleep(0.5)  # the free lane gathers for 0.2 s, then takes its share
+    assert queue.queued == 4
+    model.gate.set()
+    assert texts(first.future.result(5)) == ["X"]
+    assert [texts(job.future.result(5)) for job in jobs] == [[f"S{i}"] for i in range(9)]
+    assert sorted(len(lines) for lines, _ in model.calls) == [1, 4, 5]
+    assert queue.stop(5)
