@@ -87,28 +87,34 @@ def _dictionary(path: Path) -> dict[str, int]:
     return {w: i for i, w in enumerate(words)}
 
 
+# The tiny model both transformers stand-ins are built as, in fairseq's special ids.
+SHAPE: dict[str, Any] = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=64,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    max_position_embeddings=64,
+    scale_embedding=True,
+    tie_word_embeddings=True,
+    init_std=0.4,
+    pad_token_id=1,
+    bos_token_id=0,
+    eos_token_id=2,
+    decoder_start_token_id=2,
+    forced_eos_token_id=2,
+)
+
+
 def _mbart(vocab: int, activation: str) -> Any:
     """A pre-norm MBart with random weights (its LayerNorms' too, so that each must land
     in its place) and no LayerNorm on the embeddings."""
     config = transformers.MBartConfig(
         vocab_size=vocab,
         activation_function=activation,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        max_position_embeddings=64,
-        scale_embedding=True,
-        tie_word_embeddings=True,
-        init_std=0.4,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=2,
+        **SHAPE,
     )
     torch.manual_seed(0)
     model = transformers.MBartForConditionalGeneration(config).eval()
@@ -147,22 +153,7 @@ def write_fairseq(
         src_vocab_size=len(src),
         tgt_vocab_size=len(tgt),
         activation_function=activation,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        max_position_embeddings=64,
-        scale_embedding=True,
-        tie_word_embeddings=True,
-        init_std=0.4,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=2,
-        forced_eos_token_id=2,
+        **SHAPE,
     )
     torch.manual_seed(0)
     model = transformers.FSMTForConditionalGeneration(config).eval()
