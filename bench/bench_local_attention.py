@@ -13,10 +13,14 @@ score matrix is 1 GiB per head, and a pass holds several per head at once.
 
     .venv/bin/python bench/bench_local_attention.py                    # n = 512 .. 16,384
     .venv/bin/python bench/bench_local_attention.py --lengths 256 512 1024 --reps 1
+    .venv/bin/python bench/bench_local_attention.py --no-full --lengths 1024 16384
 
-The default run takes about 10 minutes on 2 CPU cores, most of it full attention at
-n = 4,096 and 8,192 (about 7 GiB at its peak; 16,384 is capped); run it on an otherwise
-idle machine, as other processes' use of the caches and memory bandwidth shows in the ratios.
+The default run takes about 4 minutes on 2 CPU cores, most of it full attention at
+n = 8,192 (about 7 GiB at its peak; 16,384 is capped); run it on an otherwise idle
+machine, as other processes' use of the caches and memory bandwidth shows in the ratios.
+Above 32 MiB glibc's malloc maps every tensor afresh, so the largest lengths also pay
+for page faults that the smaller ones do not; PyTorch's THP_MEM_ALLOC_ENABLE=1 (huge
+pages, passed on to the measuring processes) makes them fewer.
 """
 
 from __future__ import annotations
@@ -107,6 +111,9 @@ def main() -> None:
         default=8.0,
         help="skip full attention where its estimated peak exceeds this",
     )
+    parser.add_argument(
+        "--no-full", action="store_true", help="measure the windows only (full is slow at large n)"
+    )
     parser.add_argument("--one", type=int, nargs=2, metavar=("N", "R"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -116,7 +123,7 @@ def main() -> None:
     print("command:", shlex.join(["python", *sys.argv]))
     print(f"one encoder self-attention layer, batch 1, d_model {D_MODEL}, {HEADS} heads, fp32, ")
     print(f"forward + backward on {args.device}, best of {args.reps}; memory: peak added, MiB")
-    columns = [0, *args.windows]
+    columns = [*([] if args.no_full else [0]), *args.windows]
     names = ["full" if r == 0 else f"r={r}" for r in columns]
     print(f"{'n':>7} " + " ".join(f"{name + ' s':>10} {name + ' MiB':>10}" for name in names))
     table: Table = {}

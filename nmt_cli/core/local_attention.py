@@ -13,20 +13,26 @@ keys of its own block and its neighbours (the one before it in the decoder, one 
 side in the encoder), with the band drawn inside those. Where the sequence is no longer
 than that span, the band is an ordinary n x n mask: then that is the smaller matrix.
 
+The blocks are the batch rows of one `F.scaled_dot_product_attention` call, the band its
+mask. On a CPU, without attention dropout, PyTorch runs its flash kernel: it scores a
+cache-sized tile at a time and recomputes tiles in the backward pass rather than store
+the weights. The blocks' scores written out (as this module first did: 8 heads x n x 3r
+floats, 100+ MiB at n = 16,384, r = 64, passed over some five times, in fresh pages from
+the allocator on every call) cost time growing faster than n.
+
 PyTorch's FlexAttention with a sliding-window block mask computes the same band, but on
 a CPU it runs only compiled (its eager form scores the full n x n matrix), has no
 backward pass there (PyTorch 2.13), and its compiled forward took 18x as long as these
-blocks (n = 4,096, r = 64, 2 cores); the blocks are plain batched products that run on
-any device, under autocast and torch.compile.
+blocks (n = 4,096, r = 64, 2 cores).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from nmt_cli.core.attention_kernels import AttentionBackend, backend_scope, sdpa_backends
 
 # Blocks below this many queries spend their time in per-block overhead, not arithmetic
 # (small windows at n = 4,096 on a CPU: blocks of 16-32 fastest, of 4 twice as slow).
@@ -77,25 +83,28 @@ def blocked_attention(
     causal: bool,
     key_mask: Tensor | None,
     dropout_p: float,
+    backend: AttentionBackend = "auto",
 ) -> Tensor:
     """softmax(QK^T / sqrt(d_k) + band) V over (B, h, n, d) tensors, block by block:
-    -> (B, h, n, d_v). key_mask (B, 1, 1, n), True on real keys (the encoder's padding).
+    -> (B, h, n, d_v). key_mask (B, 1, 1, n), True on real keys (the encoder's padding);
+    `backend`, the model's SDPA kernel policy on a GPU (core/attention_kernels.py).
 
-    Keys and values are padded by a block before (and after, in the encoder) and cut
-    into overlapping spans (`unfold`: views, copied once by the products), so no score
-    outside a block's span is ever computed: (B, h, n, span) scores, span = 2 or 3
-    blocks."""
-    batch, heads, n, _ = q.shape
+    SDPA's batch rows are (batch, block): queries (B * blocks, h, size, d), a view where
+    n fills whole blocks; keys and values padded by a block before (and after, in the
+    encoder) and cut into overlapping spans (B * blocks, h, span, d), copied once; the
+    band and the padding a (B * blocks, 1, size, span) mask shared by the heads. With
+    attention dropout PyTorch runs its written-out kernel: (B, h, n, span) weights."""
+    batch, heads, n, d = q.shape
     size = block_size(window)
     blocks = -(-n // size)
     tail = blocks * size - n
     before, after = size, tail + (0 if causal else size)
     span = before + size + (0 if causal else size)
-    q_blocks = F.pad(q * (1.0 / math.sqrt(q.size(-1))), (0, 0, 0, tail))
-    q_blocks = q_blocks.view(batch, heads, blocks, size, -1)
-    k_spans = F.pad(k, (0, 0, before, after)).unfold(2, span, size)  # (B, h, blocks, d, span)
-    v_spans = F.pad(v, (0, 0, before, after)).unfold(2, span, size).transpose(-1, -2)
-    scores = q_blocks @ k_spans  # (B, h, blocks, size, span)
+    q_blocks = _by_position(q, 0, tail).reshape(batch * blocks, size, heads, d).transpose(1, 2)
+    k_spans, v_spans = (
+        _by_position(x, before, after).unfold(1, span, size).transpose(-1, -2) for x in (k, v)
+    )  # (B, blocks, h, span, d): views, then one copy each as SDPA's batch rows
+    k_spans, v_spans = (x.reshape(batch * blocks, heads, span, -1) for x in (k_spans, v_spans))
 
     # Query a of block b sits at b*size + a, key c of its span at (b - 1)*size + c.
     a = torch.arange(size, device=q.device)
@@ -104,11 +113,20 @@ def blocked_attention(
     key_pos = torch.arange(blocks, device=q.device)[:, None] * size - size + c  # (blocks, span)
     real = (key_pos >= 0) & (key_pos < n)
     if key_mask is not None:
-        padded = F.pad(key_mask.reshape(batch, 1, n), (before, after), value=False)
-        real = real & padded.unfold(2, span, size)  # (B, 1, blocks, span)
+        padded = F.pad(key_mask.reshape(batch, n), (before, after), value=False)
+        real = real & padded.unfold(1, span, size)  # (B, blocks, span)
     allowed = (allowed & real.unsqueeze(-2)) | (c[None, :] - size == a[:, None])
-    scores.masked_fill_(~allowed, float("-inf"))  # in place: the product is not saved
-    weights = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
-    weights = weights.to(v.dtype)
-    ctx = F.dropout(weights, dropout_p, dropout_p > 0) @ v_spans
-    return ctx.reshape(batch, heads, blocks * size, -1)[:, :, :n]
+    allowed = allowed.expand(batch, blocks, size, span).reshape(batch * blocks, 1, size, span)
+    with backend_scope(sdpa_backends(backend, q.device.type, q.dtype, "padding")):
+        ctx = F.scaled_dot_product_attention(
+            q_blocks, k_spans, v_spans, attn_mask=allowed, dropout_p=dropout_p
+        )
+    # The CPU kernel's output is contiguous as (B * blocks, size, h, d_v): no copy here.
+    ctx = ctx.transpose(1, 2).reshape(batch, blocks * size, heads, -1)
+    return ctx[:, :n].transpose(1, 2)
+
+
+def _by_position(x: Tensor, before: int, after: int) -> Tensor:
+    """(B, h, n, d) -> (B, before + n + after, h, d), zeros around: a view if none."""
+    x = x.transpose(1, 2)
+    return F.pad(x, (0, 0, 0, 0, before, after)) if before or after else x

@@ -162,7 +162,7 @@ class MultiHeadAttention(nn.Module):
             key_mask = band_mask(length, self.window, causal, key_mask, q.device)
             causal = False
         if blocked:
-            ctx = blocked_attention(q, k, v, self.window, causal, key_mask, dropout_p)
+            ctx = blocked_attention(q, k, v, self.window, causal, key_mask, dropout_p, self.backend)
         elif need_weights:
             ctx, weights = self._explicit(q, k, v, key_mask, causal, dropout_p)
         elif self.training and q.device.type == "cpu":

@@ -293,9 +293,55 @@ def test_the_cpu_backend_decodes_a_window_on_the_reference_step(kernel: ModuleTy
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
 
 
-def test_attention_dropout_applies_in_blocks() -> None:
+def test_attention_dropout_drops_weights_inside_the_band() -> None:
+    """Dropout acts on the attention weights, kept ones scaled by 1 / (1 - p): with the
+    identity as values the output is the weight matrix itself."""
+    n, window, p = 100, 6, 0.5
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 120, 4, generator=g) for _ in range(3))
-    kept = blocked_attention(q, k, v, 6, False, None, 0.0)
-    assert torch.equal(kept, blocked_attention(q, k, v, 6, False, None, 0.0))
-    assert not torch.allclose(blocked_attention(q, k, v, 6, False, None, 0.5), kept)
+    q, k = (torch.randn(1, 2, n, 4, generator=g) for _ in range(2))
+    v = torch.eye(n).expand(1, 2, n, n)
+    weights = blocked_attention(q, k, v, window, False, None, 0.0)
+    assert torch.equal(weights, blocked_attention(q, k, v, window, False, None, 0.0))
+    torch.manual_seed(0)
+    dropped = blocked_attention(q, k, v, window, False, None, p)
+    kept = dropped != 0
+    assert not kept[weights == 0].any()  # nothing outside the band
+    torch.testing.assert_close(dropped[kept], weights[kept] / (1 - p))
+    assert 0.4 < kept.sum() / (weights != 0).sum() < 0.6
+
+
+@pytest.fixture(scope="module")
+def blocks_inputs() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Queries, keys and values (B, h, n, d) spanning several blocks, and a padding mask."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 150, 8, generator=g) for _ in range(3))
+    key_mask = torch.ones(2, 1, 1, 150, dtype=torch.bool)
+    key_mask[1, ..., 110:] = False
+    return q, k, v, key_mask
+
+
+def test_blocks_under_bf16_autocast_match_fp32(
+    blocks_inputs: tuple[Tensor, Tensor, Tensor, Tensor],
+) -> None:
+    q, k, v, key_mask = blocks_inputs
+    want = blocked_attention(q, k, v, 5, False, key_mask, 0.0)
+    low = [x.to(torch.bfloat16) for x in (q, k, v)]  # what autocast's projections give
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = blocked_attention(*low, 5, False, key_mask, 0.0)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_blocks_trace_into_one_graph(blocks_inputs: tuple[Tensor, Tensor, Tensor, Tensor]) -> None:
+    """torch.compile captures the blocks whole (no graph break), with the same values and
+    gradients; the graph-only backend keeps the check to seconds."""
+    q, k, v, key_mask = blocks_inputs
+    compiled = torch.compile(blocked_attention, backend="eager", fullgraph=True)
+    results = []
+    for attend in (blocked_attention, compiled):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = attend(*leaves, 5, True, None, 0.0) + attend(*leaves, 5, False, key_mask, 0.0)
+        out.square().sum().backward()
+        results.append([out.detach(), *(x.grad for x in leaves)])
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want)
