@@ -12,7 +12,9 @@ math kernel stays last, for shapes neither supports (head widths not a multiple 
 d_k != d_v in flash), so no model of Table 3 fails.
 
 On a CPU PyTorch's own choice stands: CPU training and single-query decoding do not call
-SDPA at all (the written-out form is faster there, see `transformer.py`).
+SDPA at all (the written-out form is faster there, see `transformer.py`), except
+restricted self-attention's blocks (`local_attention.py`), where the fused kernel keeps
+the cost linear in the length.
 
 The policy names load without torch (the recipe's settings check them); the functions
 that need torch import it when called.
