@@ -18,9 +18,10 @@ score matrix is 1 GiB per head, and a pass holds several per head at once.
 The default run takes about 4 minutes on 2 CPU cores, most of it full attention at
 n = 8,192 (about 7 GiB at its peak; 16,384 is capped); run it on an otherwise idle
 machine, as other processes' use of the caches and memory bandwidth shows in the ratios.
-Above 32 MiB glibc's malloc maps every tensor afresh, so the largest lengths also pay
-for page faults that the smaller ones do not; PyTorch's THP_MEM_ALLOC_ENABLE=1 (huge
-pages, passed on to the measuring processes) makes them fewer.
+Above 32 MiB glibc's malloc maps every tensor afresh, so with its default settings the
+largest lengths also pay for page faults that the smaller ones do not; `--heap kept`
+runs the passes as `nmt train` runs its updates on a CPU, with freed memory kept for the
+next one (engines/train/heap.py).
 """
 
 from __future__ import annotations
@@ -44,13 +45,21 @@ FULL_BYTES_PER_SCORE = 16
 Table = dict[int, dict[int, dict[str, float]]]
 
 
-def measure(length: int, window: int, reps: int, device: str, threads: int) -> dict[str, float]:
+def measure(
+    length: int, window: int, reps: int, device: str, threads: int, heap: str = "default"
+) -> dict[str, float]:
     """One configuration, in this process: best seconds of forward + backward, and the peak
-    memory (MiB) the passes added."""
+    memory (MiB) the passes added. On a CPU, `heap` "kept" runs the passes as `nmt train`
+    runs its updates, with freed memory kept for the next pass (engines/train/heap.py);
+    "default" with glibc's defaults, which map every block over 32 MiB afresh and fault
+    its pages in on every pass."""
+    import contextlib
+
     import torch
 
     from nmt_cli.core.model_config import ModelConfig
     from nmt_cli.core.transformer import MultiHeadAttention
+    from nmt_cli.engines.train.heap import reused_heap
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -66,15 +75,17 @@ def measure(length: int, window: int, reps: int, device: str, threads: int) -> d
     else:
         before = _resident_mib()
     best = float("inf")
-    for rep in range(reps + 1):
-        start = time.perf_counter()
-        attention(x, key_mask=key_mask).values.sum().backward()
-        if cuda:
-            torch.cuda.synchronize()
-        if rep:  # the first pass warms up allocator and kernels
-            best = min(best, time.perf_counter() - start)
-        x.grad = None
-        attention.zero_grad(set_to_none=True)
+    kept = heap == "kept" and not cuda
+    with reused_heap() if kept else contextlib.nullcontext():
+        for rep in range(reps + 1):
+            start = time.perf_counter()
+            attention(x, key_mask=key_mask).values.sum().backward()
+            if cuda:
+                torch.cuda.synchronize()
+            if rep:  # the first pass warms up allocator and kernels
+                best = min(best, time.perf_counter() - start)
+            x.grad = None
+            attention.zero_grad(set_to_none=True)
     if cuda:
         peak = (torch.cuda.max_memory_allocated() - before) / 2**20
     else:
@@ -91,6 +102,7 @@ def in_fresh_process(length: int, window: int, args: argparse.Namespace) -> dict
     """`measure` in a child process, so each peak is its own."""
     command = [sys.executable, __file__, "--one", str(length), str(window)]
     command += ["--reps", str(args.reps), "--device", args.device, "--threads", str(args.threads)]
+    command += ["--heap", args.heap]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{shlex.join(command)} failed:\n{done.stderr.strip()}")
@@ -114,15 +126,23 @@ def main() -> None:
     parser.add_argument(
         "--no-full", action="store_true", help="measure the windows only (full is slow at large n)"
     )
+    parser.add_argument(
+        "--heap",
+        choices=["default", "kept"],
+        default="default",
+        help="CPU: glibc's defaults, or freed memory kept between passes as nmt train keeps it",
+    )
     parser.add_argument("--one", type=int, nargs=2, metavar=("N", "R"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         length, window = args.one
-        print(json.dumps(measure(length, window, args.reps, args.device, args.threads)))
+        result = measure(length, window, args.reps, args.device, args.threads, args.heap)
+        print(json.dumps(result))
         return
     print("command:", shlex.join(["python", *sys.argv]))
     print(f"one encoder self-attention layer, batch 1, d_model {D_MODEL}, {HEADS} heads, fp32, ")
     print(f"forward + backward on {args.device}, best of {args.reps}; memory: peak added, MiB")
+    print(f"heap: {args.heap} (kept: freed memory kept between passes, as nmt train does)")
     columns = [*([] if args.no_full else [0]), *args.windows]
     names = ["full" if r == 0 else f"r={r}" for r in columns]
     print(f"{'n':>7} " + " ".join(f"{name + ' s':>10} {name + ' MiB':>10}" for name in names))
