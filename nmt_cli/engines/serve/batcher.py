@@ -161,8 +161,14 @@ class Batcher:
                 for options, group in groups.items():
                     self._decode(options, group)
             finally:
-                with self._cond:
-                    self._decoding -= sum(len(job.sentences) for job in jobs)
+                self._count_decoding(-sum(len(job.sentences) for job in jobs))
+
+    def _count_decoding(self, change: int) -> None:
+        """Sentences taken by the lanes and not answered yet: the lanes' shares and the
+        /metrics gauge are one count."""
+        with self._cond:
+            self._decoding += change
+            self.metrics.decoding(self.pair, change)
 
     def _take(self) -> list[Job] | None:
         """A lane's next jobs (possibly none: they had expired, or other free lanes took
@@ -207,20 +213,17 @@ class Batcher:
             elif job.future.set_running_or_notify_cancel():  # False: cancelled
                 taken.append(job)
                 sentences += len(job.sentences)
-        self._decoding += sentences
+        self._count_decoding(sentences)  # the condition's lock is reentrant
         return taken, expired
 
     def _decode(self, options: Options, jobs: list[Job]) -> None:
         lines = [sentence for job in jobs for sentence in job.sentences]
-        self.metrics.decoding(self.pair, len(lines))
         try:
             results = self.decode(lines, options)
         except Exception as exc:  # the requests fail (500); the server goes on
             for job in jobs:
                 job.future.set_exception(exc)
             return
-        finally:
-            self.metrics.decoding(self.pair, -len(lines))
         tokens = sum(r.hypotheses[0].length for r in results if r.hypotheses)
         self.metrics.decoded(self.pair, len(lines), tokens)
         start = 0
