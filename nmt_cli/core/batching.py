@@ -221,46 +221,53 @@ def _copy(t: Tensor, device: torch.device | str, pinned: bool) -> Tensor:
     return t.to(device, non_blocking=pinned)
 
 
-def pad_sources(rows: Sequence[Sequence[int] | np.ndarray], multiple: int = 1) -> Tensor:
+Rows = Sequence[Sequence[int] | np.ndarray]
+Flat = tuple[Tensor, Tensor, Tensor]  # tokens, each row's start in them, its length
+
+
+def pad_sources(rows: Rows, multiple: int = 1) -> Tensor:
     """(B, S) source tensor: every row + EOS, right-padded with PAD to the longest row
     (rounded up to a multiple of `multiple`, so that decoding sees few distinct shapes)."""
-    width = round_up(max(len(r) for r in rows) + 1, multiple)
-    arr = np.full((len(rows), width), PAD_ID, dtype=np.int64)
-    for row, ids in enumerate(rows):
-        arr[row, : len(ids)] = ids
-        arr[row, len(ids)] = EOS_ID
-    return torch.from_numpy(arr)
+    return _padded(_flat(rows, range(len(rows))), multiple, bos=False)
+
+
+def _flat(side: TokenStore | Rows, idx: Sequence[int] | np.ndarray) -> Flat:
+    """A store's own memory map, or an in-memory list's rows joined."""
+    if isinstance(side, TokenStore):
+        flat = side.tokens, side.offsets[idx], side.lengths[idx]
+    else:
+        rows = [np.asarray(side[i], dtype=np.int64) for i in idx]
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        flat = np.concatenate([np.zeros(0, np.int64), *rows]), np.cumsum(lengths) - lengths, lengths
+    return tuple(torch.from_numpy(np.asarray(x)) for x in flat)  # type: ignore[return-value]
+
+
+def _padded(flat: Flat, multiple: int, bos: bool) -> Tensor:
+    """(B, W) int64: BOS (with `bos`) + each row's ids + EOS (without), then PAD; one
+    gather for the whole batch, in PyTorch's operations, which release the GIL: row by
+    row a 25,000-token batch took ~25 ms of Python, numpy's gather still held the GIL, and
+    the thread collating the next update made the training thread wait for it."""
+    tokens, starts, lengths = flat
+    width = round_up(int(lengths.max()) + 1 if len(lengths) else 1, multiple)
+    col = torch.arange(width) - int(bos)
+    inside = (col >= 0) & (col < lengths[:, None])
+    picked = torch.where(inside, starts[:, None] + col, 0)
+    out = torch.where(inside, tokens[picked] if len(tokens) else 0, PAD_ID).long()
+    out[torch.arange(len(lengths)), 0 if bos else lengths] = BOS_ID if bos else EOS_ID
+    return out
 
 
 def collate(
-    src: TokenStore | Sequence[np.ndarray],
-    tgt: TokenStore | Sequence[np.ndarray],
-    indices: np.ndarray,
-    multiple: int = 1,
+    src: TokenStore | Rows, tgt: TokenStore | Rows, indices: np.ndarray, multiple: int = 1
 ) -> Batch:
-    """Build the padded tensors of the examples `indices` (see the module conventions),
-    both widths rounded up to a multiple of `multiple`; the sides are token stores or,
-    in benchmarks, in-memory lists of id arrays."""
-    idx = [int(i) for i in indices]
-    src_seqs = [src[i] for i in idx]
-    tgt_seqs = [tgt[i] for i in idx]
-    b = len(idx)
-    t_len = round_up(max(len(y) for y in tgt_seqs) + 1, multiple)
-    tin_arr = np.full((b, t_len), PAD_ID, dtype=np.int64)
-    tout_arr = np.full((b, t_len), PAD_ID, dtype=np.int64)
-    src_tokens = tgt_tokens = 0
-    for row, (x, y) in enumerate(zip(src_seqs, tgt_seqs, strict=True)):
-        n, m = len(x), len(y)
-        tin_arr[row, 0] = BOS_ID
-        tin_arr[row, 1 : m + 1] = y
-        tout_arr[row, :m] = y
-        tout_arr[row, m] = EOS_ID
-        src_tokens += n + 1
-        tgt_tokens += m + 1
+    """The padded tensors of the examples `indices` (the module's conventions), widths
+    rounded up to a multiple of `multiple`; sides are token stores or lists of id arrays."""
+    idx = np.asarray(indices, dtype=np.int64)
+    src_flat, tgt_flat = _flat(src, idx), _flat(tgt, idx)
     return Batch(
-        pad_sources(src_seqs, multiple),
-        torch.from_numpy(tin_arr),
-        torch.from_numpy(tout_arr),
-        src_tokens,
-        tgt_tokens,
+        _padded(src_flat, multiple, bos=False),
+        _padded(tgt_flat, multiple, bos=True),
+        _padded(tgt_flat, multiple, bos=False),
+        int(src_flat[2].sum()) + len(idx),
+        int(tgt_flat[2].sum()) + len(idx),
     )

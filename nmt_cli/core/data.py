@@ -122,7 +122,7 @@ class TokenStore:
         if os.path.getsize(bin_path) != expected:
             raise ValueError(f"{bin_path}: size does not match its index")
         self.tokens: np.ndarray = (
-            np.memmap(bin_path, dtype=self.dtype, mode="r")
+            np.memmap(bin_path, dtype=self.dtype, mode="c")
             if expected
             else np.zeros(0, dtype=self.dtype)
         )

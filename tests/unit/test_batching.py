@@ -6,9 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from train_data import batch_of
+from train_data import batch_of, write_store
 
-from nmt_cli.core.batching import length_grouped_batches, plan_epoch
+from nmt_cli.core.batching import collate, length_grouped_batches, pad_sources, plan_epoch
+from nmt_cli.core.data import TokenStore
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -99,3 +100,34 @@ def test_collate_follows_the_model_conventions(tmp_path: Path) -> None:
     assert batch.tgt_in.tolist() == [[BOS_ID, 8, 9, PAD_ID, PAD_ID], [BOS_ID, 11, 12, 13, 14]]
     assert batch.tgt_out.tolist() == [[8, 9, EOS_ID, PAD_ID, PAD_ID], [11, 12, 13, 14, EOS_ID]]
     assert (batch.src_tokens, batch.tgt_tokens, batch.sentences) == (6, 8, 2)
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_collate_gathers_any_examples_of_a_store_or_a_list_alike(
+    tmp_path: Path, multiple: int
+) -> None:
+    """Collation gathers the whole batch at once: every row is still its own example's
+    ids between BOS/EOS and padding, for examples in any order, empty ones included,
+    from a memory-mapped store (70,000 ids: 32-bit tokens) as from in-memory arrays."""
+    rng = np.random.default_rng(5)
+    seqs = [rng.integers(4, 70_000, size=n).tolist() for n in rng.integers(0, 30, size=60)]
+    seqs[7] = []
+    write_store(tmp_path / "s", 70_000, seqs)
+    store = TokenStore(tmp_path / "s")
+    indices = rng.permutation(60)[:25]
+    indices[3] = 7
+    batch = collate(store, store, indices, multiple)
+    as_lists = collate([np.array(s) for s in seqs], seqs, indices, multiple)
+    for side in ("src", "tgt_in", "tgt_out"):
+        got, want = getattr(batch, side), getattr(as_lists, side)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+    width = -(-(max(len(seqs[i]) for i in indices) + 1) // multiple) * multiple
+    assert batch.src.shape == batch.tgt_in.shape == (25, width)
+    for row, i in enumerate(indices):
+        ids, pad = seqs[i], [PAD_ID] * (width - len(seqs[i]) - 1)
+        assert batch.src[row].tolist() == [*ids, EOS_ID, *pad]
+        assert batch.tgt_in[row].tolist() == [BOS_ID, *ids, *pad]
+        assert batch.tgt_out[row].tolist() == [*ids, EOS_ID, *pad]
+    total = sum(len(seqs[i]) + 1 for i in indices)
+    assert (batch.src_tokens, batch.tgt_tokens) == (total, total)
+    assert pad_sources([seqs[i] for i in indices], multiple).tolist() == batch.src.tolist()

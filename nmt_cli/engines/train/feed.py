@@ -89,8 +89,16 @@ class TrainFeed:
             ThreadPoolExecutor(1, thread_name_prefix="nmt-batches") if background else None
         )
         self._collating: tuple[EpochPlan, int, Future[MicroBatches]] | None = None
+        self._planned: tuple[int, EpochPlan] | None = None
 
     def plan(self, epoch: int) -> EpochPlan:
+        """The epoch's plan, computed once: the loop and `updates` both ask for it, and on
+        a large corpus planning an epoch takes seconds."""
+        if self._planned is None or self._planned[0] != epoch:
+            self._planned = (epoch, self._plan(epoch))
+        return self._planned[1]
+
+    def _plan(self, epoch: int) -> EpochPlan:
         return plan_epoch(
             self.src.lengths,
             self.tgt.lengths,
