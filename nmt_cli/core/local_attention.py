@@ -16,14 +16,12 @@ than that span, the band is an ordinary n x n mask: then that is the smaller mat
 The blocks are the batch rows of one `F.scaled_dot_product_attention` call, the band its
 mask. On a CPU, without attention dropout, PyTorch runs its flash kernel: it scores a
 cache-sized tile at a time and recomputes tiles in the backward pass rather than store
-the weights. The blocks' scores written out (as this module first did: 8 heads x n x 3r
-floats, 100+ MiB at n = 16,384, r = 64, passed over some five times, in fresh pages from
-the allocator on every call) cost time growing faster than n.
+the weights. Writing the blocks' scores out (this module's first form: 100+ MiB at
+n = 16,384, r = 64, passed over five times, in fresh pages every call) grew faster than n.
 
-PyTorch's FlexAttention with a sliding-window block mask computes the same band, but on
-a CPU it runs only compiled (its eager form scores the full n x n matrix), has no
-backward pass there (PyTorch 2.13), and its compiled forward took 18x as long as these
-blocks (n = 4,096, r = 64, 2 cores).
+PyTorch's FlexAttention (a sliding-window block mask) computes the same band, but on a
+CPU only compiled (eager, it scores the full n x n matrix), with no backward pass there
+(PyTorch 2.13), and compiled its forward took 18x these blocks' time (n = 4,096, r = 64).
 """
 
 from __future__ import annotations

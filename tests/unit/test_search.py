@@ -4,6 +4,7 @@ and exact decoding by a tiny model trained here to reverse sequences."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -175,6 +176,37 @@ def test_finished_sentences_leave_the_batch_in_few_shapes() -> None:
     # alpha 1: each token costs ln .9 but raises the penalty, so the longest ending wins.
     results = beam_search(babbler, src, beam_size=2, length_penalty=1.0, max_len_b=0)
     assert [tokens(h) for h in results] == [[[A]], [[A, A]], [[A] * 3], [[A] * 6]]
+
+
+class RowCounter(ScriptedModel):
+    """Records the rows of every step."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rows: list[int] = []
+
+    def decode_step(
+        self, last: Tensor, memory: Tensor, src_mask: Tensor, cache: ScriptedCache
+    ) -> tuple[Tensor, None]:
+        self.rows.append(last.numel())
+        return super().decode_step(last, memory, src_mask, cache)
+
+
+def test_finished_sentences_can_leave_the_batch_at_once() -> None:
+    """With `bucket=int` (the translator's choice in fp32) a batch keeps exactly its open
+    sentences: its rows shrink as each one ends, and every sentence gets the hypotheses
+    it gets with the buckets' filler."""
+    src = torch.tensor([[A, EOS, 0, 0, 0, 0, 0], [A, A, EOS, 0, 0, 0, 0],
+                        [A, A, A, EOS, 0, 0, 0], [B] * 6 + [EOS]])  # fmt: skip
+    found = {}
+    for name, bucket in (("buckets", batch_bucket), ("exact", int)):
+        babbler = RowCounter({}, vocab=30, default={A: 0.9, EOS: 0.1})
+        results = beam_search(babbler, src, 2, 1.0, max_len_b=0, nbest=2, bucket=bucket)
+        found[name] = ([tokens(h) for h in results], babbler.rows)
+    assert found["exact"][0] == found["buckets"][0]
+    # Step 0 has one row a sentence, then 2 beams each; limits 1, 2, 3, 6 end them in turn.
+    assert found["exact"][1] == [4, 8, 6, 4, 2, 2, 2]
+    assert found["buckets"][1] == [4, 8, 8, 4, 2, 2, 2]  # 3 open sentences in 4 slots
 
 
 def test_nbest_larger_than_beam_is_refused() -> None:

@@ -27,7 +27,13 @@ from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint
 from nmt_cli.core.ensemble import Ensemble, Member
 from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
-from nmt_cli.core.search import Hypothesis, Searchable, beam_search, greedy_search
+from nmt_cli.core.search import (
+    Hypothesis,
+    Searchable,
+    batch_bucket,
+    beam_search,
+    greedy_search,
+)
 from nmt_cli.core.vocab import UNK_ID, VocabPair
 from nmt_cli.engines.models import ModelPaths, beam_advance, build_decoder, load_checkpoints
 from nmt_cli.engines.translate.alignment import format_alignment, hard_alignment
@@ -104,6 +110,8 @@ class Translator:
         )
         self._pool: DecodePool | None = None
         self.advance = beam_advance(cast(nn.Module, model))  # search's, with the step
+        # Finished sentences leave the batch at once in fp32 (see search.batch_bucket).
+        self.bucket = int if self.precision in ("fp32", "float32") else batch_bucket
         self.aligner: CrossAttentionOf | None = None
         if alignment_layer is not None:
             layers = decoder_layers(model)
@@ -276,6 +284,7 @@ class Translator:
             nbest=cfg.nbest if nbest is None else nbest,
             need_weights=view is not None,
             advance=self.advance,
+            bucket=self.bucket,
         )
 
     def source_tensor(self, rows: list[list[int]]) -> Tensor:
