@@ -102,7 +102,7 @@ class TokenStoreWriter:
 
 
 class TokenStore:
-    """Read-only view of a written store; sentences are numpy views into the memory map."""
+    """A written store, mapped copy-on-write so that PyTorch can index it (never written)."""
 
     def __init__(self, prefix: str | Path) -> None:
         self.prefix = Path(prefix)

@@ -161,7 +161,7 @@ def batch_bucket(n: int) -> int:
     (at most 7 finished ones ride along as filler). Every new batch shape makes oneDNN build
     and cache new kernels (with a reordered copy of the weights): in bf16 that cost time and
     grew a long run's memory with its input. fp32 builds none per shape, and there the filler
-    cost 7-12% of decoding: the translator then keeps exactly the open sentences (`int`)."""
+    cost 8-18% of decoding: the translator then keeps exactly the open sentences (`int`)."""
     if n <= 8:
         return 1 << max(0, (n - 1).bit_length())
     return -(-n // 8) * 8
