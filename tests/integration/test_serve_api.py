@@ -153,7 +153,7 @@ def test_concurrent_clients_get_their_own_sentences_in_order_decoded_together(
 ) -> None:
     """32 clients at once, 1-3 sentences each, queued while both decoding lanes hold a
     one-sentence batch (their workers paused), so that they are then gathered and
-    decoded together: in one batch or two (one a lane), never one by one."""
+    decoded together: in two batches or three, never one by one."""
     pool = sentences(40, seed=11)
     requests = [[pool[(3 * i + k) % len(pool)] for k in range(1 + i % 3)] for i in range(32)]
     replies: dict[int, Reply] = {}
@@ -181,11 +181,13 @@ def test_concurrent_clients_get_their_own_sentences_in_order_decoded_together(
         assert [t["text"] for t in replies[i].json()["translations"]] == [
             expected[s] for s in lines
         ]
-    # the blockers' batches (a sentence each), then everyone else's: 63 sentences in one
-    # batch (one lane came free first and took them all) or two (both were free)
+    # the blockers' batches (a sentence each), then everyone else's 63 sentences: each
+    # lane that comes free takes an even share of what waits and what the other decodes,
+    # in whole requests, so two batches of about 32, and maybe a few sentences left over
+    # for a third, depending on which lane's blocker ends first
     batches = server.metric('nmt_batch_sentences_count{pair="en-de"}') - batches_before
     small = server.metric('nmt_batch_sentences_bucket{pair="en-de",le="2"}') - small_before
-    assert batches in (3, 4) and small == 2
+    assert batches in (4, 5) and small in (2, 3)
 
 
 def test_native_api_gives_attention_for_one_sentence_and_checks_its_fields(
