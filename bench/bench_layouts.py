@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nmt_cli.core.cpus import usable_cpus
+from nmt_cli.cpus import usable_cpus
 
 
 def run_layout(

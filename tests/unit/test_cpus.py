@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt_cli.core import cpus
+from nmt_cli import cpus
 
 
 def tree(root: Path, proc_line: str, files: dict[str, str]) -> tuple[Path, Path]:

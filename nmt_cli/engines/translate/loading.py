@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from nmt_cli.config import DecodeConfig
-from nmt_cli.core.cpus import usable_cpus
+from nmt_cli.cpus import usable_cpus
 from nmt_cli.errors import NmtError, UsageError
 
 
@@ -40,7 +40,7 @@ def resolve_device(name: str) -> torch.device:
 
 def set_threads(threads: int, workers: int = 0) -> tuple[int, int]:
     """Spend `threads` CPU threads (0 = every CPU this process may use, within its affinity
-    mask and cgroup quota: see core/cpus.py) on `workers`
+    mask and cgroup quota: see nmt_cli/cpus.py) on `workers`
     batches decoded side by side (0 = one per thread); returns (threads, workers).
 
     Beam search runs many small matrix products, and on small or shared CPUs splitting
