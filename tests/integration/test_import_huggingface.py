@@ -241,7 +241,9 @@ def test_nmt_translate_gives_transformers_text(
     assert "note: Marian starts decoding from '<pad>'" in out.output
     sentences = corpus[0][50:60]
     (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n")
+    # transformers computes in float32; a CPU with bf16 units would pick bf16 by default
     greedy = ["--beam", "1", "--max-len-a", "0", "--max-len-b", str(MAX_NEW), "-q"]
+    greedy += ["--precision", "fp32"]
     result = runner.invoke(app, ["translate", "-m", "m.pt", "-i", "in.txt", *greedy])
     assert result.exit_code == 0, result.output
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
