@@ -243,7 +243,7 @@ def test_training_in_blocks_lowers_the_loss_and_matches_the_dense_gradient(
         dense_loss, dense_grads = gradient(model)
     torch.testing.assert_close(loss, dense_loss)
     for got, want in zip(grads, dense_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # two summation orders
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(5):
