@@ -32,6 +32,7 @@ _T: dict[str, Any] = {n: p.default for n, p in inspect.signature(translate).para
 _FLAGS = {
     "serve.port": "--port",
     "serve.gather_ms": "--gather-ms",
+    "serve.return_ms": "--return-ms",
     "serve.max_batch": "--max-batch",
     "serve.queue_sentences": "--queue-limit",
     "serve.body_bytes": "--max-body",
@@ -69,6 +70,9 @@ def serve(
     python_step: bool = _T["python_step"],
     alignment_layer: int = _T["alignment_layer"],
     gather_ms: float = typer.Option(5.0, "--gather-ms", help="Wait for more requests (ms)."),
+    return_ms: float = typer.Option(
+        30.0, "--return-ms", help="Wait for answered clients (ms)."
+    ),
     max_batch: int = typer.Option(
         0,
         "--max-batch",
@@ -130,7 +134,8 @@ def serve(
         )  # fmt: skip
         try:
             config = ServeConfig(
-                host=host, port=port, gather_ms=gather_ms, max_batch=max_batch,
+                host=host, port=port, gather_ms=gather_ms, return_ms=return_ms,
+                max_batch=max_batch,
                 queue_sentences=queue_limit, body_bytes=max_body, max_sentences=max_sentences,
                 max_chars=max_chars, max_beam=max_beam, timeout_s=timeout,
                 drain_s=drain_timeout, max_connections=max_connections,

@@ -190,3 +190,28 @@ def test_a_free_lane_takes_an_even_share_of_the_work_not_all_that_waits() -> Non
     assert [texts(job.future.result(5)) for job in jobs] == [[f"S{i}"] for i in range(9)]
     assert sum(model.taken) == 10
     assert queue.stop(5)
+
+
+def test_a_lane_that_answered_waits_briefly_for_those_clients_to_come_back() -> None:
+    """Closed-loop clients send their next sentence as soon as they have their answer:
+    the lane that answered them takes them together instead of leaving them queued."""
+    model = Model()
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, return_s=2.0)
+    first = [queue.submit([f"a{i}"], PLAIN, 10) for i in range(4)]
+    queue.start()
+    for job in first:
+        job.future.result(5)
+    # One client is back at once, the other three a little later: one batch of four.
+    again = [queue.submit(["b0"], PLAIN, 10)]
+    time.sleep(0.2)
+    again += [queue.submit([f"b{i}"], PLAIN, 10) for i in range(1, 4)]
+    for job in again:
+        job.future.result(5)
+    assert model.taken == [4, 4]
+    # A client that does not come back costs at most the wait.
+    start = time.monotonic()
+    alone = queue.submit(["c"], PLAIN, 10)
+    assert texts(alone.future.result(5)) == ["C"]
+    assert time.monotonic() - start < 2.5
+    assert model.taken == [4, 4, 1]
+    queue.stop(5)

@@ -87,6 +87,7 @@ class Model:
             self.max_batch,
             config.gather_ms / 1000,
             lanes=translator.workers,
+            return_s=config.return_ms / 1000,
         )
         self._variants: OrderedDict[Options, Translator] = OrderedDict()
         self._in_process = threading.Lock()  # variants decode here, one batch at a time

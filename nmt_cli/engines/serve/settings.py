@@ -20,6 +20,7 @@ class ServeConfig:
     host: str = "127.0.0.1"  # loopback: another host must be asked for
     port: int = 8080  # 0: any free port (printed when listening)
     gather_ms: float = 5.0  # how long a batch waits for more requests after its first
+    return_ms: float = 30.0  # how long a lane waits for the clients it just answered
     max_batch: int = 0  # sentences a decoding lane takes at once; 0: the batch size
     queue_sentences: int = 2048  # sentences waiting, all requests together; then 503/429
     body_bytes: int = 1_000_000  # a request body larger is refused (413) unread
@@ -33,9 +34,9 @@ class ServeConfig:
     cors_origins: tuple[str, ...] = ()  # origins a browser may call from; empty: none
 
     def __post_init__(self) -> None:
-        at_least("serve", self, 0, "port", "gather_ms", "max_batch", "drain_s")
+        at_least("serve", self, 0, "port", "gather_ms", "return_ms", "max_batch", "drain_s")
         below("serve", self, 65536, "port")
-        below("serve", self, 10_000, "gather_ms")  # a window of seconds is a mistake
+        below("serve", self, 10_000, "gather_ms", "return_ms")  # seconds are a mistake
         at_least("serve", self, 1, "queue_sentences", "body_bytes", "max_sentences")
         at_least("serve", self, 1, "max_chars", "max_beam", "max_connections")
         above("serve", self, 0, "timeout_s")
