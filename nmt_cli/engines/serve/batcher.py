@@ -5,8 +5,8 @@ deadline and a future. A lane (a thread; one per worker process of the model) ta
 first job, waits up to `gather_s` for more (or until `max_batch` sentences wait), and,
 having just answered n sentences, up to `return_s` for 90% of n to have come back (the
 clients it answered send their next ones within milliseconds; without the wait those
-queue for the next free lane, and at 64 closed-loop clients a third of them were always
-waiting so, the lanes decoding batches of 21 instead of 31), takes jobs in arrival order
+queued for the next free lane: at 64 closed-loop clients a third of them always waited,
+and the lanes decoded batches of 21 instead of 31), takes jobs in arrival order
 up to its share (an even split among all lanes of what waits and
 what the other lanes are decoding, at most `max_batch`), and decodes those that share
 options together: one call of `decode` with all their sentences, which sorts them by
@@ -197,21 +197,12 @@ class Batcher:
         if self._stopping:
             return None, []
         gathered = self._jobs[0].arrived + self.gather_s
-        while self._jobs and self._queued < self.max_batch and not self._stopping:
-            left = gathered - time.monotonic()
-            if left <= 0:
-                break
-            self._cond.wait(left)
+        self._wait_while(lambda: bool(self._jobs) and self._queued < self.max_batch, gathered)
         if answered and self.return_s > 0:
             # The clients this lane just answered are sending their next sentences: wait
             # briefly for most of them, or they queue until the next lane frees.
-            until = time.monotonic() + self.return_s
             want = min(self.max_batch, self._queued + answered * 9 // 10)
-            while self._queued < want and not self._stopping:
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
+            self._wait_while(lambda: self._queued < want, time.monotonic() + self.return_s)
         # An even share of all the work there is, waiting and being decoded, for every
         # lane: a lane that took everything that waited while the other was nearly done
         # would keep a large batch, the other small ones, for as long as the load lasts.
@@ -233,6 +224,15 @@ class Batcher:
                 sentences += len(job.sentences)
         self._count_decoding(sentences)  # the condition's lock is reentrant
         return taken, expired
+
+    def _wait_while(self, condition: Callable[[], bool], until: float) -> None:
+        """Under the lock: wait for changes while `condition` holds, until `until`
+        (time.monotonic()) or a stop."""
+        while condition() and not self._stopping:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
 
     def _decode(self, options: Options, jobs: list[Job]) -> None:
         lines = [sentence for job in jobs for sentence in job.sentences]
