@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.config import ConfigError, RecipeConfig, load_recipe
-from nmt_cli.cpus import usable_cpus
 from nmt_cli.core.files import atomic_write_text
+from nmt_cli.cpus import usable_cpus
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.run import RESULTS, RunOptions, run_recipe
 from nmt_cli.engines.score import ScoreSettings, score_lines

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from nmt_cli.cpus import usable_cpus
 from nmt_cli.core.data import TokenStoreWriter, smallest_dtype
+from nmt_cli.cpus import usable_cpus
 from nmt_cli.engines.prepare.layout import Layout
 from nmt_cli.engines.prepare.progress import Progress, step
 from nmt_cli.engines.prepare.vocabulary import Vocabulary

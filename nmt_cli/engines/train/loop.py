@@ -32,11 +32,11 @@ import torch
 from nmt_cli.config import RecipeConfig
 from nmt_cli.core.batching import EpochPlan
 from nmt_cli.core.checkpoint import model_state
-from nmt_cli.cpus import usable_cpus
 from nmt_cli.core.flops import matmul_rate
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.schedule import paper_adam, paper_learning_rate
 from nmt_cli.core.transformer import Transformer, count_parameters
+from nmt_cli.cpus import usable_cpus
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.train.build import check_positions, describe_device, training_objective
 from nmt_cli.engines.train.checkpoints import (
