@@ -6,9 +6,9 @@ first job, waits up to `gather_s` for more (or until `max_batch` sentences wait)
 having just answered n sentences, up to `return_s` for 90% of n to have come back (the
 clients it answered send their next ones within milliseconds; without the wait those
 queued for the next free lane: at 64 closed-loop clients a third of them always waited,
-and the lanes decoded batches of 21 instead of 31), takes jobs in arrival order
-up to its share (an even split among all lanes of what waits and
-what the other lanes are decoding, at most `max_batch`), and decodes those that share
+and the lanes decoded batches of 21 instead of 31). It then takes jobs in arrival order
+up to its share (an even split among all lanes of what waits and what the other lanes
+are decoding, at most `max_batch`), and decodes those that share
 options together: one call of `decode` with all their sentences, which sorts them by
 length into a batch as `nmt translate` does. Each job's future then gets its own results,
 in its own order. The lanes work side by side: while one lane's batch decodes on one
@@ -169,7 +169,7 @@ class Batcher:
                 for options, group in groups.items():
                     self._decode(options, group)
             finally:
-                self._count_decoding(-sum(len(job.sentences) for job in jobs))
+                self._count_decoding(-answered)
 
     def _count_decoding(self, change: int) -> None:
         """Sentences taken by the lanes and not answered yet: the lanes' shares and the
