@@ -25,7 +25,8 @@ PLAIN, WIDE = Options(beam=4, nbest=1), Options(beam=8, nbest=2)
 class Model:
     """Translates a line into its upper case; records each call; can be held."""
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds  # how long each call takes
         self.calls: list[tuple[list[str], Options]] = []
         self.gate = threading.Event()
         self.gate.set()
@@ -36,6 +37,7 @@ class Model:
         self.taken.append(len(lines))
         self.started.set()
         self.gate.wait(10)
+        time.sleep(self.seconds)
         self.calls.append((list(lines), options))
         return [
             Translation(line, [TranslatedHypothesis(line.upper(), 0.0, 0.0, len(line))])
@@ -194,9 +196,10 @@ def test_a_free_lane_takes_an_even_share_of_the_work_not_all_that_waits() -> Non
 
 def test_a_lane_that_answered_waits_briefly_for_those_clients_to_come_back() -> None:
     """Closed-loop clients send their next sentence as soon as they have their answer:
-    the lane that answered them takes them together instead of leaving them queued."""
-    model = Model()
-    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, return_s=2.0)
+    the lane that answered them takes them together instead of leaving them queued, and
+    waits for them at most its share of the time the batch took."""
+    model = Model(seconds=0.5)
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, return_s=2.0, return_share=1.0)
     first = [queue.submit([f"a{i}"], PLAIN, 10) for i in range(4)]
     queue.start()
     for job in first:
@@ -208,10 +211,28 @@ def test_a_lane_that_answered_waits_briefly_for_those_clients_to_come_back() -> 
     for job in again:
         job.future.result(5)
     assert model.taken == [4, 4]
-    # A client that does not come back costs at most the wait.
+    # A client that does not come back costs at most the wait: the batch's 0.5 s.
     start = time.monotonic()
     alone = queue.submit(["c"], PLAIN, 10)
     assert texts(alone.future.result(5)) == ["C"]
-    assert time.monotonic() - start < 2.5
+    assert time.monotonic() - start < 1.5
     assert model.taken == [4, 4, 1]
+    queue.stop(5)
+
+
+def test_a_lane_whose_batch_was_quick_waits_as_briefly() -> None:
+    """A batch that took no time earns no wait: the late clients are the next batch."""
+    model = Model()
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, lanes=1, return_s=2.0)
+    first = [queue.submit([f"a{i}"], PLAIN, 10) for i in range(4)]
+    queue.start()
+    for job in first:
+        job.future.result(5)
+    again = [queue.submit(["b0"], PLAIN, 10)]
+    again[0].future.result(5)
+    time.sleep(0.2)
+    again += [queue.submit([f"b{i}"], PLAIN, 10) for i in range(1, 4)]
+    for job in again:
+        job.future.result(5)
+    assert model.taken == [4, 1, 3]
     queue.stop(5)
