@@ -15,6 +15,10 @@ PyTorch model the performance notes profile (torch.nn.Transformer, nn.Dropout, l
 cross-entropy, Adam): a ratio measured in the same run.
 
     .venv/bin/python bench/bench_train.py --models small --precisions fp32,bf16 --reference
+    .venv/bin/python bench/bench_train.py --models small --precisions bf16 --ops
+
+`--ops` profiles the update by operation: how much of its time the matrix products take
+and at what rate, which bounds what faster element-wise work could still gain.
 """
 
 from __future__ import annotations
@@ -110,6 +114,59 @@ def nmt_step(cfg: ModelConfig, precision: str, fused: bool = False) -> Callable[
     return run
 
 
+MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def product_flops(name: str, shapes: list[list[int]]) -> float:
+    """FLOPs of one matrix product from its input shapes (addmm/baddbmm: bias first)."""
+    a, b = shapes[1:3] if name in ("aten::addmm", "aten::baddbmm") else shapes[:2]
+    return 2.0 * math.prod(a) * b[-1]
+
+
+@dataclass
+class OpProfile:
+    """Where an update's time goes, by operation (self time, summed over updates)."""
+
+    total_s: float
+    products_s: float
+    products_flops: float
+    others: list[tuple[str, float]]  # the costliest other operations, seconds
+
+    def describe(self, peak: float) -> str:
+        share = self.products_s / self.total_s
+        costliest = (f"{n.removeprefix('aten::')} {t / self.total_s:.1%}" for n, t in self.others)
+        lines = [
+            f"    by operation: matrix products {share:.0%} of the update's time, at "
+            f"{self.products_flops / self.products_s / 1e9:,.0f} GFLOP/s "
+            f"({self.products_flops / self.products_s / peak:.0%} of the peak); everything "
+            f"else {1 - share:.0%} (if it took no time at all: {1 / share:.2f}x)",
+            "    costliest other operations: " + ", ".join(costliest),
+        ]
+        return "\n".join(lines)
+
+
+def profile_ops(step: Callable[[Batch], None], batches: list[Batch]) -> OpProfile:
+    """One update of each batch under torch's profiler (after the timed ones)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for batch in batches:
+            step(batch)
+    events = prof.key_averages(group_by_input_shape=True)
+    total = sum(e.self_cpu_time_total for e in events) / 1e6
+    products_s = flops = 0.0
+    others: dict[str, float] = {}
+    for e in events:
+        seconds = e.self_cpu_time_total / 1e6
+        if e.key in MATRIX_PRODUCTS:
+            products_s += seconds
+            flops += e.count * product_flops(e.key, e.input_shapes)
+        else:
+            others[e.key] = others.get(e.key, 0.0) + seconds
+    costliest = sorted(others.items(), key=lambda kv: -kv[1])[:8]
+    return OpProfile(total, products_s, flops, costliest)
+
+
 class NaiveModel(nn.Module):
     """PERF.md's naive baseline: torch.nn.Transformer with tied embeddings."""
 
@@ -166,6 +223,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
     parser.add_argument("--reference", action="store_true", help="also time the naive model")
     parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="also profile the update by operation: the matrix products' share of its "
+        "time and their rate, and what else it spends time on",
+    )
+    parser.add_argument(
         "--heaps",
         default="kept",
         help="comma list of 'kept' (freed memory kept, as nmt train runs) and 'default' "
@@ -194,7 +257,9 @@ def main() -> None:
         print(f"\n{name}: {len(batches)} batches of ~{avg:,.0f} target tokens")
         for precision, heap in itertools.product(args.precisions.split(","), args.heaps.split(",")):
             with reused_heap() if heap == "kept" else contextlib.nullcontext():
-                ours = time_steps(nmt_step(cfg, precision), batches, cfg, args.steps)
+                step = nmt_step(cfg, precision)
+                ours = time_steps(step, batches, cfg, args.steps)
+                ops = profile_ops(step, batches) if args.ops else None
             line = (
                 f"  {precision} ({heap} heap): nmt {ours.tokens_per_s:8,.0f} tgt tok/s, "
                 f"{ours.flops_per_s / 1e9:6,.0f} GFLOP/s = "
@@ -207,6 +272,8 @@ def main() -> None:
                     f"{ours.tokens_per_s / naive.tokens_per_s:4.2f}x"
                 )
             print(line, flush=True)
+            if ops is not None:
+                print(ops.describe(peaks[precision]), flush=True)
 
 
 if __name__ == "__main__":
