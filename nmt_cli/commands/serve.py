@@ -70,7 +70,9 @@ def serve(
     python_step: bool = _T["python_step"],
     alignment_layer: int = _T["alignment_layer"],
     gather_ms: float = typer.Option(5.0, "--gather-ms", help="Wait for more requests (ms)."),
-    return_ms: float = typer.Option(30.0, "--return-ms", help="Wait for answered clients (ms)."),
+    return_ms: float = typer.Option(
+        30.0, "--return-ms", help="Wait for answered clients (ms; <= 3% of their batch's time)."
+    ),
     max_batch: int = typer.Option(
         0,
         "--max-batch",

@@ -20,7 +20,7 @@ class ServeConfig:
     host: str = "127.0.0.1"  # loopback: another host must be asked for
     port: int = 8080  # 0: any free port (printed when listening)
     gather_ms: float = 5.0  # how long a batch waits for more requests after its first
-    return_ms: float = 30.0  # how long a lane waits for the clients it just answered
+    return_ms: float = 30.0  # a lane waits for the clients it just answered (<= 3% of the batch)
     max_batch: int = 0  # sentences a decoding lane takes at once; 0: the batch size
     queue_sentences: int = 2048  # sentences waiting, all requests together; then 503/429
     body_bytes: int = 1_000_000  # a request body larger is refused (413) unread
