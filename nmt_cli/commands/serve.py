@@ -71,7 +71,7 @@ def serve(
     alignment_layer: int = _T["alignment_layer"],
     gather_ms: float = typer.Option(5.0, "--gather-ms", help="Wait for more requests (ms)."),
     return_ms: float = typer.Option(
-        30.0, "--return-ms", help="Wait for answered clients (ms; <= 3% of their batch's time)."
+        30.0, "--return-ms", help="Max wait for answered clients (ms)."
     ),
     max_batch: int = typer.Option(
         0,
