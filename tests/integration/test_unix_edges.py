@@ -490,7 +490,10 @@ def test_a_mostly_empty_output_is_warned_about(tmp_path: Path) -> None:
     assert f"warning: {hyp}: 2 of 3 lines are empty" in result.stderr
 
 
-def test_shell_completion_is_offered() -> None:
+def test_shell_completion_is_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The shell named, not detected: detection walks the parent processes for a shell,
+    # and a test run started without one (a service, a detached job) has none.
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")
     result = nmt("--show-completion", "bash")
     assert result.exit_code == 0 and "complete" in result.stdout
     assert "--install-completion" in nmt("--help").stdout
