@@ -18,7 +18,9 @@ every system:
   host's speed drifts from minute to minute); the figure is the mean of the sentences/s
   the two report (loading not counted);
 - batch-1 latency: nmt's Translator in this process with batch 1, one sentence at a
-  time (its first `--single` sentences), the bar of the one-client target;
+  time (the first `--single` sentences), in turn with the same sentence sent alone to the
+  server, so that both are measured in the same seconds: the bar of the one-client
+  target, and the server's latency beside it;
 - the server: `nmt serve` started on a free loopback port, then for each level of
   `--clients`, that many clients, each sending one sentence at a time to `POST /translate`
   (LibreTranslate's API) and the next one as soon as the answer is back, for `--seconds`;
@@ -300,24 +302,38 @@ def offline_reference(model: Path, decoding: list[str], lines: list[str]) -> flo
     return float(rate.group(1))
 
 
-def batch1_latency(model: Path, options: dict[str, object], lines: list[str]) -> Latencies:
-    """nmt's Translator in this process, batch 1, one sentence at a time (the first is a
-    warm-up: kernels, allocators)."""
+def paired_batch1(
+    model: Path, options: dict[str, object], port: int, pair: tuple[str, str], lines: list[str]
+) -> tuple[Latencies, Latencies]:
+    """(server, in process): each sentence of `lines` sent alone to the server, then
+    translated alone by nmt's Translator in this process at batch 1, in turn (the first
+    pair is a warm-up). Measured side by side, one sentence apart, because this host's
+    speed drifts by up to 2x from one minute to the next."""
     from nmt_cli import Translator
 
     with Translator.load(model, batch_sentences=1, **options) as translator:
         print(
-            f"in-process batch 1: Translator.load(batch_sentences=1, {options}) "
+            f"batch 1, one sentence at a time, the server and in process in turn: "
+            f"Translator.load(batch_sentences=1, {options}) "
             f"({translator.precision}, {translator.threads} threads)",
             flush=True,
         )
-        translator.translate(lines[:1])
-        seconds = []
-        for line in lines:
+        conn = http.client.HTTPConnection(HOST, port, timeout=600)
+        server, own = [], []
+        for i, line in enumerate(lines[:1] + lines):
+            body = {"q": line, "source": pair[0], "target": pair[1], "format": "text"}
             t0 = time.perf_counter()
+            status, answer = request(port, "POST", "/translate", body, conn=conn)
+            t1 = time.perf_counter()
             translator.translate([line])
-            seconds.append(time.perf_counter() - t0)
-    return Latencies(seconds)
+            t2 = time.perf_counter()
+            if status != 200:
+                raise SystemExit(f"POST /translate answered {status}: {answer[:200]!r}")
+            if i:
+                server.append(t1 - t0)
+                own.append(t2 - t1)
+        conn.close()
+    return Latencies(server), Latencies(own)
 
 
 def soak(server: Server, pair: tuple[str, str], lines: list[str], args: argparse.Namespace) -> None:
@@ -344,10 +360,12 @@ def soak(server: Server, pair: tuple[str, str], lines: list[str], args: argparse
     )
 
 
-def targets(levels: list[Level], offline: float | None, single: Latencies | None) -> None:
+def targets(
+    levels: list[Level], offline: float | None, single: tuple[Latencies, Latencies] | None
+) -> None:
     """The issue's throughput and latency targets next to what was measured."""
     by_clients = {level.clients: level for level in levels}
-    if not levels or (offline is None and (single is None or 1 not in by_clients)):
+    if not levels or (offline is None and single is None):
         return
     print("\ntargets:")
     if offline is not None and levels:
@@ -359,11 +377,11 @@ def targets(levels: list[Level], offline: float | None, single: Latencies | None
             f"target >= "
             f"{100 * THROUGHPUT_TARGET:.0f}%: {'met' if share >= THROUGHPUT_TARGET else 'NOT met'}"
         )
-    if single is not None and 1 in by_clients:
-        p50, bar = Latencies(by_clients[1].latencies).percentile_ms(50), single.percentile_ms(50)
+    if single is not None:
+        p50, bar = single[0].percentile_ms(50), single[1].percentile_ms(50)
         print(
             f"  1 client: p50 {p50:.1f} ms = {p50 / bar:.2f}x in-process batch-1 p50 "
-            f"({bar:.1f} ms); target <= {LATENCY_TARGET}x: "
+            f"({bar:.1f} ms), sentence by sentence in turn; target <= {LATENCY_TARGET}x: "
             f"{'met' if p50 <= LATENCY_TARGET * bar else 'NOT met'}"
         )
 
@@ -413,12 +431,9 @@ def main() -> None:
         flush=True,
     )
     offline: list[float] = []
-    single = None
+    single: tuple[Latencies, Latencies] | None = None
     if "offline" not in args.skip and args.clients:
         offline.append(offline_reference(args.model, decoding, lines))
-    if "single" not in args.skip and 1 in args.clients:
-        single = batch1_latency(args.model, options, lines[: args.single])
-        print(f"  {single.describe()} ({len(single.seconds)} sentences)", flush=True)
     levels: list[Level] = []
     with tempfile.TemporaryFile() as log:
         server = Server(args.model, decoding + args.server_flags.split(), args.start_timeout, log)
@@ -430,6 +445,10 @@ def main() -> None:
             for clients in args.clients:
                 levels.append(closed_loop(server.port, pair, lines, clients, args.seconds))
                 print(" ", levels[-1].describe(), flush=True)
+            if "single" not in args.skip and 1 in args.clients:
+                single = paired_batch1(args.model, options, server.port, pair, lines[: args.single])
+                print(f"  server:     {single[0].describe()}", flush=True)
+                print(f"  in process: {single[1].describe()}", flush=True)
             if args.soak > 0:
                 soak(server, pair, lines, args)
         finally:

@@ -199,7 +199,7 @@ def test_a_lane_that_answered_waits_briefly_for_those_clients_to_come_back() -> 
     the lane that answered them takes them together instead of leaving them queued, and
     waits for them at most its share of the time the batch took."""
     model = Model(seconds=0.5)
-    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, return_s=2.0, return_share=1.0)
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, return_s=2.0, wait_share=1.0)
     first = [queue.submit([f"a{i}"], PLAIN, 10) for i in range(4)]
     queue.start()
     for job in first:

@@ -3,11 +3,11 @@
 A request's sentences go on the model's queue as one `Job` with its decoding options, its
 deadline and a future. A lane (a thread; one per worker process of the model) takes the
 first job, waits up to `gather_s` for more (or until `max_batch` sentences wait), and,
-having just answered n sentences, for 90% of n to have come back, up to `return_s` and
-3% of the time that batch took (the clients it answered send their next ones within
-milliseconds; without the wait those queued for the next free lane: at 64 closed-loop
-clients a third of them always waited, and the lanes decoded batches of 21 instead of
-31). It then takes jobs in arrival order
+having just answered n sentences, up to `return_s` for 90% of n to have come back (the
+clients it answered send their next ones within milliseconds; without the wait those
+queued for the next free lane: at 64 closed-loop clients a third of them always waited,
+and the lanes decoded batches of 21 instead of 31). Neither wait takes longer than 3% of
+the time the lane's last batch took to decode. It then takes jobs in arrival order
 up to its share (an even split among all lanes of what waits and what the other lanes
 are decoding, at most `max_batch`), and decodes those that share
 options together: one call of `decode` with all their sentences, which sorts them by
@@ -76,11 +76,12 @@ class Stopping(Exception):
 
 Decode = Callable[[list[str], Options], "list[Translation]"]
 
-# A lane waits for the clients it answered at most this share of its last batch's
-# decoding time (and at most `return_s`): the wait is worth a fuller batch where decoding
-# is slow per sentence (fp32: ~1 s batches, 30 ms), but not where it is fast (bf16:
-# batches of ~0.3 s, whose size matters less, where a flat 30 ms cost 64 clients ~10%).
-RETURN_SHARE = 0.03
+# A lane gathers, and waits for the clients it answered, at most this share of its last
+# batch's decoding time (and at most `gather_s`, `return_s`): waiting is worth a fuller
+# batch where decoding is slow per sentence (fp32: ~1 s batches, 30 ms), but not where it
+# is fast (bf16: batches of ~0.3 s, whose size matters less, where a flat 30 ms cost 64
+# clients ~10%; one client's sentence in ~10 ms, which a 5 ms gather made 1.5x).
+WAIT_SHARE = 0.03
 
 
 class Batcher:
@@ -96,11 +97,11 @@ class Batcher:
         gather_s: float,
         lanes: int = 1,
         return_s: float = 0.0,
-        return_share: float = RETURN_SHARE,
+        wait_share: float = WAIT_SHARE,
     ) -> None:
         self.pair, self.decode, self.metrics = pair, decode, metrics
         self.limit, self.max_batch, self.gather_s = queue_sentences, max_batch, gather_s
-        self.return_s, self.return_share = return_s, return_share
+        self.return_s, self.wait_share = return_s, wait_share
         self._jobs: deque[Job] = deque()
         self._queued = 0  # sentences in _jobs
         self._decoding = 0  # sentences the lanes took and have not answered yet
@@ -168,8 +169,8 @@ class Batcher:
 
     def _run(self) -> None:
         answered = 0  # sentences of this lane's last batch: their clients may send more
-        wait_s = 0.0  # how long to wait for them: a share of that batch's decoding time
-        while (jobs := self._take(answered, wait_s)) is not None:
+        took_s: float | None = None  # how long that batch took to decode
+        while (jobs := self._take(answered, took_s)) is not None:
             answered = sum(len(job.sentences) for job in jobs)
             groups: dict[Options, list[Job]] = {}
             for job in jobs:
@@ -180,7 +181,7 @@ class Batcher:
                     self._decode(options, group)
             finally:
                 self._count_decoding(-answered)
-            wait_s = min(self.return_s, self.return_share * (time.monotonic() - started))
+            took_s = time.monotonic() - started
 
     def _count_decoding(self, change: int) -> None:
         """Sentences taken by the lanes and not answered yet: the lanes' shares and the
@@ -189,26 +190,33 @@ class Batcher:
             self._decoding += change
             self.metrics.decoding(self.pair, change)
 
-    def _take(self, answered: int = 0, wait_s: float = 0.0) -> list[Job] | None:
+    def _take(self, answered: int = 0, took_s: float | None = None) -> list[Job] | None:
         """A lane's next jobs (possibly none: they had expired, or other free lanes took
         them); None: stop."""
         with self._cond:
-            taken, expired = self._gather(answered, wait_s)
+            taken, expired = self._gather(answered, took_s)
         for job in expired:
             if job.future.set_running_or_notify_cancel():  # False: its client cancelled it
                 job.future.set_exception(DeadlineExceeded())
             self.metrics.dropped(self.pair, "timeout", len(job.sentences))
         return taken
 
-    def _gather(self, answered: int = 0, wait_s: float = 0.0) -> tuple[list[Job] | None, list[Job]]:
+    def _gather(
+        self, answered: int = 0, took_s: float | None = None
+    ) -> tuple[list[Job] | None, list[Job]]:
         """Under the lock, as a free lane: wait for work and the gather window, then take
         this lane's share in arrival order; also the jobs found past their deadline."""
         while not self._jobs and not self._stopping:
             self._cond.wait()
         if self._stopping:
             return None, []
-        gathered = self._jobs[0].arrived + self.gather_s
+        # Neither wait may cost more than a small share of what the lane's last batch took:
+        # a lone client's sentence decodes in ~10 ms in bf16, where 5 ms of gathering
+        # would be half again.
+        cap = math.inf if took_s is None else self.wait_share * took_s
+        gathered = self._jobs[0].arrived + min(self.gather_s, cap)
         self._wait_while(lambda: bool(self._jobs) and self._queued < self.max_batch, gathered)
+        wait_s = min(self.return_s, cap)
         if answered and wait_s > 0:
             # The clients this lane just answered are sending their next sentences: wait
             # briefly for most of them, or they queue until the next lane frees.
