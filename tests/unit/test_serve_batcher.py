@@ -236,3 +236,18 @@ def test_a_lane_whose_batch_was_quick_waits_as_briefly() -> None:
         job.future.result(5)
     assert model.taken == [4, 1, 3]
     queue.stop(5)
+
+
+def test_the_gather_window_is_bounded_by_the_lanes_last_batch() -> None:
+    """A lane with no batch behind it gathers for the whole window; after a quick batch
+    a lone request is not held for it (a fraction of that batch's time at most)."""
+    model = Model()
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.6, lanes=1)
+    queue.start()
+    start = time.monotonic()
+    assert texts(queue.submit(["a"], PLAIN, 10).future.result(5)) == ["A"]
+    assert time.monotonic() - start >= 0.5
+    start = time.monotonic()
+    assert texts(queue.submit(["b"], PLAIN, 10).future.result(5)) == ["B"]
+    assert time.monotonic() - start < 0.3
+    queue.stop(5)
