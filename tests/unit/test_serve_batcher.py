@@ -10,6 +10,7 @@ from concurrent.futures import CancelledError
 import pytest
 
 from nmt_cli.engines.serve.batcher import (
+    WAIT_SHARE,
     Batcher,
     DeadlineExceeded,
     Options,
@@ -194,47 +195,36 @@ def test_a_free_lane_takes_an_even_share_of_the_work_not_all_that_waits() -> Non
     assert queue.stop(5)
 
 
-def test_a_lane_that_answered_waits_briefly_for_those_clients_to_come_back() -> None:
+@pytest.mark.parametrize(
+    ("seconds", "share", "batches"),
+    [(0.5, 1.0, [4, 4, 1]), (0.0, WAIT_SHARE, [4, 1, 3, 1])],
+    ids=["slow batch: waits", "quick batch: no wait"],
+)
+def test_a_lane_that_answered_waits_briefly_for_those_clients_to_come_back(
+    seconds: float, share: float, batches: list[int]
+) -> None:
     """Closed-loop clients send their next sentence as soon as they have their answer:
     the lane that answered them takes them together instead of leaving them queued, and
-    waits for them at most its share of the time the batch took."""
-    model = Model(seconds=0.5)
-    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, return_s=2.0, wait_share=1.0)
+    waits for them at most its share of the time the batch took (a batch that took no
+    time earns no wait: the late clients are the next batch)."""
+    model = Model(seconds)
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, return_s=2.0, wait_share=share)
     first = [queue.submit([f"a{i}"], PLAIN, 10) for i in range(4)]
     queue.start()
     for job in first:
         job.future.result(5)
-    # One client is back at once, the other three a little later: one batch of four.
+    # One client is back at once, the other three a little later.
     again = [queue.submit(["b0"], PLAIN, 10)]
     time.sleep(0.2)
     again += [queue.submit([f"b{i}"], PLAIN, 10) for i in range(1, 4)]
     for job in again:
         job.future.result(5)
-    assert model.taken == [4, 4]
-    # A client that does not come back costs at most the wait: the batch's 0.5 s.
+    # A client that does not come back costs at most the wait: the batch's time.
     start = time.monotonic()
     alone = queue.submit(["c"], PLAIN, 10)
     assert texts(alone.future.result(5)) == ["C"]
     assert time.monotonic() - start < 1.5
-    assert model.taken == [4, 4, 1]
-    queue.stop(5)
-
-
-def test_a_lane_whose_batch_was_quick_waits_as_briefly() -> None:
-    """A batch that took no time earns no wait: the late clients are the next batch."""
-    model = Model()
-    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, lanes=1, return_s=2.0)
-    first = [queue.submit([f"a{i}"], PLAIN, 10) for i in range(4)]
-    queue.start()
-    for job in first:
-        job.future.result(5)
-    again = [queue.submit(["b0"], PLAIN, 10)]
-    again[0].future.result(5)
-    time.sleep(0.2)
-    again += [queue.submit([f"b{i}"], PLAIN, 10) for i in range(1, 4)]
-    for job in again:
-        job.future.result(5)
-    assert model.taken == [4, 1, 3]
+    assert model.taken == batches
     queue.stop(5)
 
 
