@@ -79,8 +79,9 @@ Decode = Callable[[list[str], Options], "list[Translation]"]
 # A lane gathers, and waits for the clients it answered, at most this share of its last
 # batch's decoding time (and at most `gather_s`, `return_s`): waiting is worth a fuller
 # batch where decoding is slow per sentence (fp32: ~1 s batches, 30 ms), but not where it
-# is fast (bf16: batches of ~0.3 s, whose size matters less, where a flat 30 ms cost 64
-# clients ~10%; one client's sentence in ~10 ms, which a 5 ms gather made 1.5x).
+# is fast (bf16: batches of ~0.3 s, whose size matters less, where a flat 30 ms left the
+# workers idle 10% of the time at 64 clients; a lone client's sentence in ~20 ms, to which
+# the 5 ms gather window added a quarter).
 WAIT_SHARE = 0.03
 
 
@@ -210,9 +211,7 @@ class Batcher:
             self._cond.wait()
         if self._stopping:
             return None, []
-        # Neither wait may cost more than a small share of what the lane's last batch took:
-        # a lone client's sentence decodes in ~10 ms in bf16, where 5 ms of gathering
-        # would be half again.
+        # Neither wait costs more than a small share of what the lane's last batch took.
         cap = math.inf if took_s is None else self.wait_share * took_s
         gathered = self._jobs[0].arrived + min(self.gather_s, cap)
         self._wait_while(lambda: bool(self._jobs) and self._queued < self.max_batch, gathered)
