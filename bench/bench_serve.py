@@ -230,6 +230,11 @@ def languages(port: int) -> tuple[str, str]:
     raise SystemExit(f"GET /languages names no pair: {body[:200]!r}")
 
 
+def translate_body(line: str, pair: tuple[str, str]) -> dict[str, str]:
+    """One sentence for LibreTranslate's `POST /translate`."""
+    return {"q": line, "source": pair[0], "target": pair[1], "format": "text"}
+
+
 def closed_loop(
     port: int, pair: tuple[str, str], lines: list[str], clients: int, seconds: float
 ) -> Level:
@@ -249,7 +254,7 @@ def closed_loop(
         while time.perf_counter() < deadline[0]:
             with take:
                 line = lines[next(order) % len(lines)]
-            body = {"q": line, "source": pair[0], "target": pair[1], "format": "text"}
+            body = translate_body(line, pair)
             t0 = time.perf_counter()
             try:
                 status, answer = request(port, "POST", "/translate", body, conn=conn)
@@ -321,7 +326,7 @@ def paired_batch1(
         conn = http.client.HTTPConnection(HOST, port, timeout=600)
         server, own = [], []
         for i, line in enumerate(lines[:1] + lines):
-            body = {"q": line, "source": pair[0], "target": pair[1], "format": "text"}
+            body = translate_body(line, pair)
             t0 = time.perf_counter()
             status, answer = request(port, "POST", "/translate", body, conn=conn)
             t1 = time.perf_counter()

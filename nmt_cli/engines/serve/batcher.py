@@ -191,7 +191,7 @@ class Batcher:
             self._decoding += change
             self.metrics.decoding(self.pair, change)
 
-    def _take(self, answered: int = 0, took_s: float | None = None) -> list[Job] | None:
+    def _take(self, answered: int, took_s: float | None) -> list[Job] | None:
         """A lane's next jobs (possibly none: they had expired, or other free lanes took
         them); None: stop."""
         with self._cond:
@@ -202,9 +202,7 @@ class Batcher:
             self.metrics.dropped(self.pair, "timeout", len(job.sentences))
         return taken
 
-    def _gather(
-        self, answered: int = 0, took_s: float | None = None
-    ) -> tuple[list[Job] | None, list[Job]]:
+    def _gather(self, answered: int, took_s: float | None) -> tuple[list[Job] | None, list[Job]]:
         """Under the lock, as a free lane: wait for work and the gather window, then take
         this lane's share in arrival order; also the jobs found past their deadline."""
         while not self._jobs and not self._stopping:
