@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -229,10 +230,12 @@ def test_batches_decoded_side_by_side_give_the_same_output(copier: Path) -> None
     assert [t.hypotheses for t in got] == [t.hypotheses for t in expected]
     pool = two._pool
     assert pool is not None and pool.processes == forks()
+    workers = set(multiprocessing.active_children())
+    assert len(workers) >= (2 if pool.processes else 0)
     two.close()
-    assert two._pool is None
-    with pytest.raises(RuntimeError, match="shutdown"):
-        pool.executor.submit(print)
+    assert two._pool is None and not workers & set(multiprocessing.active_children())
+    with pytest.raises(NmtError, match="closed"):
+        pool.map([[[5]]], attention=False)
 
 
 def test_worker_processes_end_without_noise_at_exit(copier: Path) -> None:
