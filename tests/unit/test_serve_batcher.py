@@ -228,16 +228,51 @@ def test_a_lane_that_answered_waits_briefly_for_those_clients_to_come_back(
     queue.stop(5)
 
 
-def test_the_gather_window_is_bounded_by_the_lanes_last_batch() -> None:
-    """A lane with no batch behind it gathers for the whole window; after a quick batch
-    a lone request is not held for it (a fraction of that batch's time at most)."""
+def test_the_gather_window_holds_a_request_only_while_another_lane_decodes() -> None:
+    """With every lane idle a request is decoded at once (a gather window would only delay
+    a lone client); while one lane decodes, a free lane with no batch behind it gathers
+    for the whole window."""
     model = Model()
-    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.6, lanes=1)
+    model.gate.clear()
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.6, lanes=2)
     queue.start()
     start = time.monotonic()
-    assert texts(queue.submit(["a"], PLAIN, 10).future.result(5)) == ["A"]
-    assert time.monotonic() - start >= 0.5
-    start = time.monotonic()
-    assert texts(queue.submit(["b"], PLAIN, 10).future.result(5)) == ["B"]
+    first = queue.submit(["a"], PLAIN, 10)
+    assert model.started.wait(5)
     assert time.monotonic() - start < 0.3
-    queue.stop(5)
+    second = queue.submit(["b"], PLAIN, 10)
+    time.sleep(0.3)
+    assert model.taken == [1]  # "b" is gathering
+    time.sleep(0.6)
+    assert model.taken == [1, 1]
+    model.gate.set()
+    assert texts(first.future.result(5)) == ["A"] and texts(second.future.result(5)) == ["B"]
+    assert queue.stop(5)
+
+
+def test_the_gather_window_is_bounded_by_the_lanes_last_batch() -> None:
+    """After a quick batch, a lane gathers for a fraction of that batch's time at most,
+    even while the other lane decodes."""
+    model = Model()
+    model.gate.clear()
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.6, lanes=2)
+    warm = [queue.submit([f"w{i}"], PLAIN, 10) for i in range(2)]
+    queue.start()
+    deadline = time.monotonic() + 5
+    while len(model.taken) < 2 and time.monotonic() < deadline:  # a lane each
+        time.sleep(0.01)
+    model.gate.set()  # both lanes' last batches: a few milliseconds
+    for job in warm:
+        job.future.result(5)
+    model.gate.clear()
+    held = queue.submit(["a"], PLAIN, 10)  # all idle: one lane takes it at once
+    time.sleep(0.05)
+    start = time.monotonic()
+    late = queue.submit(["b"], PLAIN, 10)  # the other lane, its last batch quick
+    while len(model.taken) < 4 and time.monotonic() < start + 5:
+        time.sleep(0.005)
+    assert time.monotonic() - start < 0.3
+    model.gate.set()
+    assert texts(held.future.result(5)) == ["A"] and texts(late.future.result(5)) == ["B"]
+    assert model.taken == [1, 1, 1, 1]
+    assert queue.stop(5)

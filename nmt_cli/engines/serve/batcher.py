@@ -2,12 +2,13 @@
 
 A request's sentences go on the model's queue as one `Job` with its decoding options, its
 deadline and a future. A lane (a thread; one per worker process of the model) takes the
-first job, waits up to `gather_s` for more (or until `max_batch` sentences wait), and,
-having just answered n sentences, up to `return_s` for 90% of n to have come back (the
-clients it answered send their next ones within milliseconds; without the wait those
-queued for the next free lane: at 64 closed-loop clients a third of them always waited,
-and the lanes decoded batches of 21 instead of 31). Neither wait takes longer than 3% of
-the time the lane's last batch took to decode. It then takes jobs in arrival order
+first job, waits up to `gather_s` for more (or until `max_batch` sentences wait) while
+another lane is decoding (with every lane idle the load is light, and it takes the job at
+once), and, having just answered n sentences, up to `return_s` for 90% of n to have come
+back (the clients it answered send their next ones within milliseconds; without the wait
+those queued for the next free lane: at 64 closed-loop clients a third of them always
+waited, and the lanes decoded batches of 21 instead of 31). Neither wait takes longer than
+3% of the time the lane's last batch took to decode. It then takes jobs in arrival order
 up to its share (an even split among all lanes of what waits and what the other lanes
 are decoding, at most `max_batch`), and decodes those that share
 options together: one call of `decode` with all their sentences, which sorts them by
@@ -211,7 +212,11 @@ class Batcher:
             return None, []
         # Neither wait costs more than a small share of what the lane's last batch took.
         cap = math.inf if took_s is None else self.wait_share * took_s
-        gathered = self._jobs[0].arrived + min(self.gather_s, cap)
+        # With no lane decoding, the load is light: a gather window would only hold the
+        # request back (a lone client's sentence by the whole window), and what arrives
+        # next goes to the other lanes or queues behind this batch.
+        gather_s = min(self.gather_s, cap) if self._decoding else 0.0
+        gathered = self._jobs[0].arrived + gather_s
         self._wait_while(lambda: bool(self._jobs) and self._queued < self.max_batch, gathered)
         wait_s = min(self.return_s, cap)
         if answered and wait_s > 0:
