@@ -14,9 +14,11 @@ Everything runs in one invocation on the same machine, with the same decoding op
 every system:
 
 - offline reference: `nmt translate` on every test sentence at its default batch, in a
-  process of its own, before the server starts and again after its client levels (this
-  host's speed drifts from minute to minute); the figure is the mean of the sentences/s
-  the two report (loading not counted);
+  process of its own (loading not counted), in turn with the largest client level: that
+  level runs as `--segments` equal parts, and `nmt translate` before, between and after
+  them, because this host's speed drifts by up to 2x from one minute to the next; each
+  part's sentences/s is divided by the mean of the two references beside it, and the
+  figure is the mean of those shares;
 - batch-1 latency: nmt's Translator in this process with batch 1, one sentence at a
   time (the first `--single` sentences), in turn with the same sentence sent alone to the
   server, so that both are measured in the same seconds: the bar of the one-client
@@ -307,6 +309,35 @@ def offline_reference(model: Path, decoding: list[str], lines: list[str]) -> flo
     return float(rate.group(1))
 
 
+def against_offline(
+    port: int,
+    pair: tuple[str, str],
+    lines: list[str],
+    clients: int,
+    args: argparse.Namespace,
+    decoding: list[str],
+) -> tuple[Level, list[float]]:
+    """The level as `args.segments` parts with `nmt translate` offline before, between and
+    after them: (the whole level, each part's sentences/s over the mean of the offline
+    sentences/s just before and just after it)."""
+    parts: list[Level] = []
+    offline = [offline_reference(args.model, decoding, lines)]
+    for _ in range(args.segments):
+        parts.append(closed_loop(port, pair, lines, clients, args.seconds / args.segments))
+        print("   part:", parts[-1].describe(), flush=True)
+        offline.append(offline_reference(args.model, decoding, lines))
+    shares = [part.sent_s / statistics.mean(offline[i : i + 2]) for i, part in enumerate(parts)]
+    answered = [len(part.latencies) for part in parts]
+    whole = Level(
+        clients,
+        sum(part.seconds for part in parts),
+        [t for part in parts for t in part.latencies],
+        sum((part.errors for part in parts), Counter()),
+        sum(p.mean_batch * n for p, n in zip(parts, answered, strict=True)) / max(1, sum(answered)),
+    )
+    return whole, shares
+
+
 def paired_batch1(
     model: Path, options: dict[str, object], port: int, pair: tuple[str, str], lines: list[str]
 ) -> tuple[Latencies, Latencies]:
@@ -366,20 +397,23 @@ def soak(server: Server, pair: tuple[str, str], lines: list[str], args: argparse
 
 
 def targets(
-    levels: list[Level], offline: float | None, single: tuple[Latencies, Latencies] | None
+    levels: list[Level], shares: list[float], single: tuple[Latencies, Latencies] | None
 ) -> None:
-    """The issue's throughput and latency targets next to what was measured."""
+    """The issue's throughput and latency targets next to what was measured: `shares`,
+    each part of the largest level's sentences/s against the offline references beside
+    it."""
     by_clients = {level.clients: level for level in levels}
-    if not levels or (offline is None and single is None):
+    if not levels or (not shares and single is None):
         return
     print("\ntargets:")
-    if offline is not None and levels:
+    if shares:
         widest = by_clients[max(by_clients)]
-        share = widest.sent_s / offline
+        share = statistics.mean(shares)
+        parts = " / ".join(f"{100 * s:.0f}%" for s in shares)
         print(
             f"  {widest.clients} clients: {widest.sent_s:.1f} sent/s = {100 * share:.0f}% of "
-            f"offline nmt translate ({offline:.1f} sent/s, mean of before and after); "
-            f"target >= "
+            f"offline nmt translate (its {len(shares)} parts against the references beside "
+            f"them: {parts}); target >= "
             f"{100 * THROUGHPUT_TARGET:.0f}%: {'met' if share >= THROUGHPUT_TARGET else 'NOT met'}"
         )
     if single is not None:
@@ -406,6 +440,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workers", type=int, help="for every system (default: nmt's)")
     parser.add_argument(
         "--server-flags", default="", help="more `nmt serve` flags, e.g. '--gather-ms 20'"
+    )
+    parser.add_argument(
+        "--segments", type=int, default=4, help="parts of the largest level, offline between"
     )
     parser.add_argument("--skip", default="", help="comma list: offline,single")
     parser.add_argument("--start-timeout", type=float, default=600, help="seconds to healthy")
@@ -435,10 +472,8 @@ def main() -> None:
         f"{args.test}; decoding options for every system: {' '.join(decoding)}",
         flush=True,
     )
-    offline: list[float] = []
     single: tuple[Latencies, Latencies] | None = None
-    if "offline" not in args.skip and args.clients:
-        offline.append(offline_reference(args.model, decoding, lines))
+    shares: list[float] = []
     levels: list[Level] = []
     with tempfile.TemporaryFile() as log:
         server = Server(args.model, decoding + args.server_flags.split(), args.start_timeout, log)
@@ -448,7 +483,13 @@ def main() -> None:
             if args.clients:
                 print(f"\nclosed loop, {args.seconds:.0f}s a level, POST /translate {pair}:")
             for clients in args.clients:
-                levels.append(closed_loop(server.port, pair, lines, clients, args.seconds))
+                if clients == max(args.clients) and "offline" not in args.skip:
+                    level, shares = against_offline(
+                        server.port, pair, lines, clients, args, decoding
+                    )
+                    levels.append(level)
+                else:
+                    levels.append(closed_loop(server.port, pair, lines, clients, args.seconds))
                 print(" ", levels[-1].describe(), flush=True)
             if "single" not in args.skip and 1 in args.clients:
                 single = paired_batch1(args.model, options, server.port, pair, lines[: args.single])
@@ -460,9 +501,7 @@ def main() -> None:
             server.stop()
         if server.proc.returncode not in (0, -signal.SIGTERM):
             print(f"note: the server exited with {server.proc.returncode}:\n{server.output()}")
-    if offline and levels:  # again, on the machine's speed of after the levels
-        offline.append(offline_reference(args.model, decoding, lines))
-    targets(levels, statistics.mean(offline) if offline else None, single)
+    targets(levels, shares, single)
 
 
 if __name__ == "__main__":
