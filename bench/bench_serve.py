@@ -449,6 +449,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     args.clients = [int(c) for c in args.clients.split(",") if c]
     args.skip = set(filter(None, args.skip.split(",")))
+    if args.segments < 1:
+        parser.error("--segments: at least 1")
     return args
 
 
