@@ -81,8 +81,7 @@ Decode = Callable[[list[str], Options], "list[Translation]"]
 # batch's decoding time (and at most `gather_s`, `return_s`): waiting is worth a fuller
 # batch where decoding is slow per sentence (fp32: ~1 s batches, 30 ms), but not where it
 # is fast (bf16: batches of ~0.3 s, whose size matters less, where a flat 30 ms left the
-# workers idle 10% of the time at 64 clients; a lone client's sentence in ~20 ms, to which
-# the 5 ms gather window added a quarter).
+# workers idle 10% of the time at 64 clients).
 WAIT_SHARE = 0.03
 
 
