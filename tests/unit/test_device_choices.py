@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,14 +107,45 @@ def _losses(steps: list[StepDone]) -> list[float]:
     return [s.loss for s in steps]
 
 
+@dataclasses.dataclass
+class PlainRun:
+    losses: list[float]
+    collating_threads: set[str]  # the names of the threads that collated its batches
+
+
+def _collating_threads(mp: pytest.MonkeyPatch) -> set[str]:
+    """Record which threads collate the feed's batches from now on."""
+    names: set[str] = set()
+    collate = feed_module.collate
+
+    def spy(*args: Any) -> Any:
+        names.add(threading.current_thread().name)
+        return collate(*args)
+
+    mp.setattr(feed_module, "collate", spy)
+    return names
+
+
 @pytest.fixture(scope="module")
-def plain(data: Path, tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+def plain_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> PlainRun:
     """The CPU's own path: eager, unfused, unpadded, no prefetch, fp32."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(loop_module, "matmul_rate", lambda *_: 1e9)
+        threads = _collating_threads(mp)
         steps, _ = _train(_recipe(data, tmp_path_factory.mktemp("plain")))
     assert not any(s.skipped for s in steps)
-    return _losses(steps)
+    return PlainRun(_losses(steps), threads)
+
+
+@pytest.fixture(scope="module")
+def plain(plain_run: PlainRun) -> list[float]:
+    return plain_run.losses
+
+
+def test_the_cpu_path_collates_in_the_training_thread(plain_run: PlainRun) -> None:
+    """No worker thread for the batches on a CPU: its torch operations would give the
+    process a second OpenMP pool, and libgomp's threads then sleep at every barrier."""
+    assert plain_run.collating_threads == {threading.current_thread().name}
 
 
 def _metrics(run: Path) -> list[dict[str, Any]]:
@@ -148,6 +180,7 @@ def test_every_gpu_choice_forced_on_a_cpu_trains_like_the_plain_path(
     widths: list[int] = []
     fused: list[int] = []
     prefetched: list[int] = []
+    threads = _collating_threads(monkeypatch)
     collate, projected = feed_module.collate, objective_module.projected_label_smoothed_sums
     prefetch = feed_module.TrainFeed.prefetch
 
@@ -172,6 +205,7 @@ def test_every_gpu_choice_forced_on_a_cpu_trains_like_the_plain_path(
     assert _losses(steps) == pytest.approx(plain, rel=1e-5)
     assert widths and all(w % 8 == 0 for w in widths)
     assert fused and prefetched == [1, 2, 3, 4]
+    assert any(name.startswith("nmt-batches") for name in threads), threads
     said = [n.text for n in notices]
     assert any(t.startswith("CPU training with GPU choices forced") for t in said), said
     assert any(t.startswith("torch.compile: the first update took") for t in said), said

@@ -9,7 +9,8 @@ casts took 12% of GPU time. On a GPU, therefore:
 - the output projection fused into the chunked loss (`core/objective.py`);
 - batch widths padded to multiples of 8, so shapes repeat (`core/batching.py`);
 - `torch.compile` of the model with dynamic shapes, unless the recipe turns it off;
-- the next update's batches copied while the device works on this one.
+- the next update's batches collated (in a worker thread) and copied while the device
+  works on this one.
 
 On a CPU none of these pays (the written-out attention, the cache-sized loss chunks and
 eager mode are faster there, see BENCHMARKS.md), and `train.compile = "auto"` is off.

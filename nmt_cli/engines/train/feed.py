@@ -66,6 +66,14 @@ class TrainFeed:
     spending milliseconds of Python on padding (host time a GPU waits for). `prefetch`
     also starts their copy to the device ahead of time; `micro_batches` then hands them
     out instead of building them again.
+
+    The loop asks for `background` only where it prefetches (GPUs): on a CPU the training
+    thread collates itself, a millisecond an update. A second thread running torch's
+    operations gets an OpenMP thread pool of its own, and once a process has more OpenMP
+    threads than cores libgomp's threads stop spinning at barriers and sleep at once, so
+    every short operation of a two-thread update pays a wake-up: with the worker thread
+    the whole update ran 20-30% slower (BENCHMARKS.md, "The training loop around the
+    update").
     """
 
     def __init__(

@@ -169,7 +169,7 @@ class _Trainer:
             tc.max_epochs,
             str(self.data.root),
             multiple,
-            background=True,
+            background=self.choices.prefetch,
         )
         self.cfg = plan.model_config
         check_positions(self.cfg, train_src.lengths, train_tgt.lengths)
