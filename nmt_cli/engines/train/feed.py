@@ -72,7 +72,7 @@ class TrainFeed:
     operations gets an OpenMP thread pool of its own, and once a process has more OpenMP
     threads than cores libgomp's threads stop spinning at barriers and sleep at once, so
     every short operation of a two-thread update pays a wake-up: with the worker thread
-    the whole update ran 20-30% slower (BENCHMARKS.md, "The training loop around the
+    the whole update ran 18-24% slower (BENCHMARKS.md, "The training loop around the
     update").
     """
 
