@@ -1,7 +1,7 @@
 """Choose the CPU thread count while training runs, from measured speed.
 
-On a quiet machine all cores train fastest (two threads are 1.70x one on the 2-core
-development machine, BENCHMARKS.md). When other
+On a quiet machine all cores train fastest (two threads are 1.64x one in bf16 and 1.83x
+in fp32 on the 2-core development machine, BENCHMARKS.md). When other
 processes compete for the cores, OpenMP threads spin at every barrier waiting for a
 descheduled partner, and two threads can become 10x slower than one (measured in
 BENCHMARKS.md). Which case holds can change during a run, so every
