@@ -70,7 +70,7 @@ def test_the_layouts_are_timed_in_turn_and_one_slow_timing_does_not_decide() -> 
     def timed(name: str, seconds: list[float]) -> Callable[[], float]:
         def run() -> float:
             calls.append(name)
-            return seconds[len([c for c in calls if c == name]) - 1]
+            return seconds[calls.count(name) - 1]
 
         return run
 
