@@ -1,34 +1,86 @@
-"""The thread tuner keeps the thread count that trains fastest, probing the other one."""
+"""The thread tuner keeps the thread count that trains fastest, probing the other one
+less often while the probes keep confirming the choice, and at once when the load moves."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from nmt_cli.engines.train.threads import ThreadTuner
 
+Speeds = dict[int, float]
 
-def simulate(speed: dict[int, float], updates: int) -> tuple[ThreadTuner, list[int]]:
+
+def run(
+    tuner: ThreadTuner, running: list[int], speed: Callable[[int], Speeds], n: int
+) -> list[int]:
+    """`n` updates at `speed(update)[threads]` tokens/s; the thread count of each."""
     used: list[int] = []
-    running = [2]
-    tuner = ThreadTuner(2, probe_every=5, set_threads=lambda n: running.__setitem__(0, n))
-    for _ in range(updates):
+    for i in range(n):
         tuner.before_update()
         used.append(running[0])
-        tuner.after_update(1000, 1000 / speed[running[0]])
-    return tuner, used
+        tuner.after_update(1000, 1000 / speed(i)[running[0]])
+    return used
 
 
-def test_keeps_all_threads_on_a_quiet_machine() -> None:
-    tuner, used = simulate({2: 10_000.0, 1: 5_000.0}, 40)
+def make(probe_every: int = 5, probe_most: int = 40) -> tuple[ThreadTuner, list[int]]:
+    running = [2]
+    tuner = ThreadTuner(
+        2,
+        probe_every=probe_every,
+        probe_most=probe_most,
+        set_threads=lambda n: running.__setitem__(0, n),
+    )
+    return tuner, running
+
+
+QUIET: Speeds = {2: 10_000.0, 1: 5_000.0}
+LOADED: Speeds = {2: 300.0, 1: 3_000.0}
+
+
+def test_keeps_all_threads_and_probes_ever_less_often_on_a_quiet_machine() -> None:
+    tuner, running = make()
+    used = run(tuner, running, lambda _: QUIET, 300)
     assert tuner.current == 2
-    assert used.count(1) == 8  # only the probes, every 5th update
+    probes = [i + 1 for i, n in enumerate(used) if n == 1]
+    # the gap doubles from 5 to at most 40 updates
+    assert probes[:6] == [5, 15, 35, 75, 115, 155]
+    assert len(probes) == 9
 
 
 def test_drops_to_one_thread_when_two_are_slower_and_comes_back() -> None:
-    tuner, used = simulate({2: 300.0, 1: 3_000.0}, 12)
+    tuner, running = make()
+    used = run(tuner, running, lambda _: LOADED, 12)
     assert tuner.current == 1 and used[-1] == 1
-    running = [used[-1]]
-    tuner._set = lambda n: running.__setitem__(0, n)
-    for _ in range(30):  # the other processes are gone
-        tuner.before_update()
-        speed = {2: 10_000.0, 1: 5_000.0}[running[0]]
-        tuner.after_update(1000, 1000 / speed)
+    run(tuner, running, lambda _: QUIET, 30)  # the other processes are gone
     assert tuner.current == 2
+
+
+def test_a_load_that_arrives_late_switches_without_waiting_for_a_probe() -> None:
+    tuner, running = make()
+    run(tuner, running, lambda _: QUIET, 200)  # probes now 40 updates apart
+    used = run(tuner, running, lambda _: LOADED, 10)
+    assert tuner.current == 1
+    assert used.index(1) <= 3
+
+
+def test_a_load_that_leaves_after_a_long_one_is_noticed_at_once() -> None:
+    tuner, running = make()
+    run(tuner, running, lambda _: LOADED, 300)  # one thread; probes 40 apart
+    assert tuner.current == 1
+    used = run(tuner, running, lambda _: QUIET, 12)
+    assert tuner.current == 2
+    assert used.index(2) <= 5  # within a few updates, not at the next scheduled probe
+
+
+def test_only_a_probe_can_find_a_change_inside_the_band_and_then_probes_come_often() -> None:
+    tuner, running = make()
+    run(tuner, running, lambda _: QUIET, 200)  # probes now 40 updates apart
+    # Two threads a little slower (inside the band that calls for a probe at once), one
+    # thread faster than they are now: only the next scheduled probe can find it.
+    changed: Speeds = {2: 7_500.0, 1: 9_000.0}
+    used = run(tuner, running, lambda _: changed, 60)
+    assert tuner.current == 1
+    switched = used.index(1)
+    assert switched < 41
+    again = [i - switched for i, n in enumerate(used) if n == 2 and i > switched]
+    assert again[:2] == [5, 15]  # probes of two threads every 5 updates, then 10, ...

@@ -57,6 +57,7 @@ from nmt_cli.engines.train.distributed import (
 from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
 from nmt_cli.engines.train.heap import reused_heap
+from nmt_cli.engines.train.kernel_cache import widen_kernel_cache
 from nmt_cli.engines.train.layout import layout_of
 from nmt_cli.engines.train.plan import TrainPlan, plan_training
 from nmt_cli.engines.train.report import EventSink, Reporter
@@ -104,6 +105,7 @@ def train(
 ) -> TrainResult:
     """Train `recipe`'s model; resumes when the run directory has a last checkpoint."""
     options = options or TrainOptions()
+    widen_kernel_cache()  # before the first matrix product: the layout probe's
     check_devices(LaunchSpec(options.gpus, options.procs or 1, options.dist_timeout_s))
     run = RunDir(options.run_dir or recipe.train.run_dir)
     if run.root.exists() and not run.root.is_dir():
