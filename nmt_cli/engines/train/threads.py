@@ -9,12 +9,13 @@ runs with the other thread count (a probe), and the trainer keeps whichever has 
 been faster by a margin.
 
 A probe costs an update at the slower count (on a quiet machine, one update in 25 at
-1/1.64 of the speed; measured, the tuner cost 8% of the real loop), so probes become
-rarer while they keep confirming the choice: the gap doubles after each, from
-`probe_every` up to `probe_most` updates. Two things bring them back to `probe_every`:
-a probe that changes the choice, and the current count's own speed moving by more than
-`shift` from what it was at the last probe, which is what a load arriving or leaving
-looks like (a slowdown past the other count's speed switches at once, with no probe).
+1/1.64 of the speed, ~2.5% of the run) and oneDNN's kernels for that count, which it
+builds per thread count. So probes become rarer while they keep confirming the choice:
+the gap doubles after each, from `probe_every` up to `probe_most` updates. Two things
+bring them back to `probe_every`: a probe that changes the choice, and the current
+count's own speed moving by more than `shift` from what it was at the last probe, which
+is what a load arriving or leaving looks like (a slowdown past the other count's speed
+switches at once, with no probe).
 """
 
 from __future__ import annotations
