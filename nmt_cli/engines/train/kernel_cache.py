@@ -5,11 +5,11 @@ compiled for one problem shape and thread count) the first time it meets a shape
 keeps it in an LRU cache of 1,024 primitives by default. Training cycles through the
 same batch shapes every epoch (the plan is length-grouped: Multi30k's recipe has 116
 shapes an epoch, and about 33 distinct products per shape between the forward, both
-products of each backward, and attention), so an epoch needs about 3,800 primitives. An LRU cache a
-quarter that size, walked in a cycle, evicts each primitive before its shape comes back:
-every update rebuilt about 25 kernels, ~22 ms of a 0.5 s bf16 update, epoch after
-epoch (BENCHMARKS.md, "The training loop around the update"). With room for all of them,
-the second epoch builds none.
+products of each backward, and attention), so an epoch needs about 3,800 primitives.
+An LRU cache a quarter that size, walked in a cycle, evicts each primitive before its
+shape comes back: every update rebuilt about 25 kernels, ~22 ms of a 0.5 s bf16 update,
+epoch after epoch (BENCHMARKS.md, "The training loop around the update"). With room for
+all of them, the second epoch builds none.
 
 oneDNN reads the capacity once, from ONEDNN_PRIMITIVE_CACHE_CAPACITY, when it builds
 its first primitive; PyTorch offers no call to change it later. So training sets it
