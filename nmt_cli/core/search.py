@@ -105,9 +105,6 @@ class Advance(NamedTuple):
     any_ended: bool
 
 
-# Called with a sentence's index in the batch and its final hypotheses, best first.
-OnDone = Callable[[int, list[Hypothesis]], None]
-
 # (log-probabilities (N*K, V), running scores (N*K,), token histories (N*K, L), K) ->
 # the step's Advance. PAD and BOS are never chosen (set to -inf in the log-probabilities).
 BeamAdvance = Callable[[Tensor, Tensor, Tensor, int], Advance]
@@ -190,12 +187,10 @@ def greedy_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     length_penalty: float = 0.6,
-    on_done: OnDone | None = None,
 ) -> list[list[Hypothesis]]:
     """Argmax decoding: the same output as beam_search with beam_size=1, written on its
     own (one row per sentence, no candidate bookkeeping) because it is the cheapest search
-    and training uses it for validation BLEU. `length_penalty` only affects the scores;
-    `on_done` as in beam_search."""
+    and training uses it for validation BLEU. `length_penalty` only affects the scores."""
     n = src.size(0)
     device = src.device
     alpha = length_penalty
@@ -230,8 +225,6 @@ def greedy_search(
             logps = log_prob[ended_rows].tolist()
             for sent, ids, logp in zip(sents, ids_list, logps, strict=True):
                 results[sent] = [Hypothesis(ids, logp / lp, logp)]
-                if on_done is not None:
-                    on_done(sent, results[sent])
             keep = (~ended).nonzero().squeeze(1)
             cache.reorder(keep, cross=True)
             src_mask = src_mask.index_select(0, keep)
@@ -254,7 +247,6 @@ def beam_search(
     need_weights: bool = False,
     advance: BeamAdvance = torch_advance,
     bucket: Callable[[int], int] = batch_bucket,
-    on_done: OnDone | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch: src (B, S) right-padded with 0, each row ids + [EOS].
 
@@ -263,9 +255,6 @@ def beam_search(
     carries the attention weights of the steps that produced it (`Hypothesis.attention`);
     beam 1 then gives greedy search's output with its weights. `advance` chooses each
     step's candidates and keeps the books (BeamAdvance), `bucket` the slots kept (batch_bucket).
-    `on_done(sentence, hypotheses)` is called once per sentence as soon as its search
-    ends, with what the returned list will hold for it: a server answers a short
-    sentence while the batch's longest still decode.
     """
     if beam_size < 1:
         raise ValueError(f"beam size must be at least 1, got {beam_size}")
@@ -274,7 +263,6 @@ def beam_search(
     search = _BeamSearch(
         model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest, advance, bucket
     )
-    search.on_done = on_done
     if need_weights:
         search.trace = _Trace()
     return search.run()
@@ -342,8 +330,6 @@ class _BeamSearch:
         self.trace: _Trace | None = None
         self.ends: dict[int, tuple[int, int]] = {}  # id(hypothesis) -> its (step, row)
         self.any_finished = False
-        self.on_done: OnDone | None = None
-        self.reported: set[int] = set()  # sentences already given to on_done
 
     def _step(self, tokens: Tensor, memory: Any, src_mask: Tensor, cache: Any) -> Tensor:
         if self.trace is None:
@@ -390,9 +376,6 @@ class _BeamSearch:
             # score is still -inf), so the bound is only computed from then on.
             done = self._done(cum, open_set, step) if self.any_finished else None
             if done is not None and bool(done.any()):
-                if self.on_done is not None:
-                    for sent in sent_ids[done].tolist():
-                        self._conclude(sent)
                 if bool(done.all()):
                     break
                 # A finished sentence's slots close; it leaves the batch once the open
@@ -421,23 +404,13 @@ class _BeamSearch:
             cache.reorder(chosen.origin, cross=False)
             cum, history, tokens = chosen.cum, chosen.history, chosen.tokens.view(-1)
             step += 1
-        for sent in range(n):
-            self._conclude(sent)
+        for sent, hyps in enumerate(self.finished):
+            hyps.sort(key=lambda h: h.score, reverse=True)
+            self.results[sent] = hyps[: self.nbest]
+            if self.trace is not None:
+                for hyp in self.results[sent]:
+                    hyp.attention = self.trace.path(*self.ends[id(hyp)])
         return self.results
-
-    def _conclude(self, sent: int) -> None:
-        """A sentence's search has ended: its results, given to on_done (once)."""
-        if sent in self.reported:
-            return
-        self.reported.add(sent)
-        hyps = self.finished[sent]
-        hyps.sort(key=lambda h: h.score, reverse=True)
-        self.results[sent] = hyps[: self.nbest]
-        if self.trace is not None:
-            for hyp in self.results[sent]:
-                hyp.attention = self.trace.path(*self.ends[id(hyp)])
-        if self.on_done is not None:
-            self.on_done(sent, self.results[sent])
 
     def _settle(self, chosen: Advance, sent_ids: Tensor, step: int) -> None:
         """Set aside the chosen candidates that end with EOS as finished hypotheses.

@@ -27,7 +27,6 @@ from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.search import Hypothesis, beam_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
-from nmt_cli.engines.translate.translator import Translation
 from nmt_cli.errors import NmtError
 
 runner = CliRunner()
@@ -145,26 +144,6 @@ def test_python_api_translates_lists_iterators_and_strings(vocab_models: dict[st
     assert translator.config == DecodeConfig(precision="fp32", nbest=2, buffer_lines=3)
     with pytest.raises(TypeError, match="beam"):
         Translator.load(vocab_models["copy"], beam=4)
-
-
-@pytest.mark.parametrize("workers", [1, 2])
-def test_each_line_is_reported_once_as_its_search_ends(
-    vocab_models: dict[str, Path], workers: int
-) -> None:
-    """translate_chunk's `on_done` (what a server answers each request by) gets every line
-    once, empty ones too, with the translation the chunk returns for it; in several
-    batches, on worker processes or in this one."""
-    lines = [*sentences(9, seed=4), "", *sentences(4, seed=5)]
-    with Translator.load(
-        vocab_models["a"], max_len_b=6, nbest=2, batch_sentences=3, workers=workers
-    ) as translator:
-        assert translator.workers == workers
-        reported: list[tuple[int, Translation]] = []
-        results = translator.translate_chunk(lines, on_done=lambda i, t: reported.append((i, t)))
-        plain = translator.translate(lines)
-    assert sorted(i for i, _ in reported) == list(range(len(lines)))
-    assert all(results[i] == done for i, done in reported)
-    assert results == plain and results[9].hypotheses == []
 
 
 def test_python_api_equals_the_cli(vocab_models: dict[str, Path]) -> None:

@@ -3,7 +3,6 @@ when a worker dies (as the kernel's out-of-memory killer would make it)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import threading
@@ -12,7 +11,7 @@ import time
 import pytest
 import torch
 
-from nmt_cli.core.search import Hypothesis, OnDone
+from nmt_cli.core.search import Hypothesis
 from nmt_cli.engines.translate.workers import DecodePool, forks
 from nmt_cli.errors import NmtError
 
@@ -23,16 +22,12 @@ class Echo:
     """Stands in for a Translator (a workers.RowDecoder): 'decodes' each row into its own
     tokens, and reports which process did it."""
 
-    def decode_rows(
-        self, rows: list[list[int]], attention: bool = False, on_done: OnDone | None = None
-    ) -> list[list[Hypothesis]]:
+    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
         return [[Hypothesis(row, float(os.getpid()), float(attention))] for row in rows]
 
 
 class Dies:
-    def decode_rows(
-        self, rows: list[list[int]], attention: bool = False, on_done: OnDone | None = None
-    ) -> list[list[Hypothesis]]:
+    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
         os._exit(9)
 
 
@@ -48,45 +43,6 @@ def test_batches_come_back_in_order_from_the_workers() -> None:
     decoded_in = {int(d[0][0].score) for d in decoded}
     assert (os.getpid() not in decoded_in) == forks() == pool.processes
     assert forks() == sys.platform.startswith("linux")
-
-
-class Held:
-    """Reports its first sentence at once, then holds the batch until `release` is set
-    (by the test's callback for that sentence), and says in each hypothesis's score
-    whether it was released (1.0) or gave up waiting (0.0)."""
-
-    def __init__(self) -> None:
-        self.release = multiprocessing.get_context("fork").Event()
-
-    def decode_rows(
-        self, rows: list[list[int]], attention: bool = False, on_done: OnDone | None = None
-    ) -> list[list[Hypothesis]]:
-        first = [Hypothesis(rows[0], 0.0, 0.0)]
-        if on_done is not None:
-            on_done(0, first)
-        released = float(self.release.wait(10))
-        return [first] + [[Hypothesis(row, released, 0.0)] for row in rows[1:]]
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are threads there")
-def test_a_sentence_comes_back_from_its_worker_before_its_batch_ends() -> None:
-    held = Held()
-    pool = DecodePool(held, 2)
-    assert pool.processes
-    early: list[tuple[int, int, list[int]]] = []
-
-    def on_done(batch: int, row: int, hyps: list[Hypothesis]) -> None:
-        early.append((batch, row, hyps[0].tokens))
-        if len(early) == 2:  # both batches' first sentences, while the batches are held
-            held.release.set()
-
-    try:
-        decoded = pool.map([[[1], [2]], [[3], [4]]], False, on_done)
-    finally:
-        pool.close()
-    assert sorted(early) == [(0, 0, [1]), (1, 0, [3])]
-    assert [[h[0].tokens for h in d] for d in decoded] == [[[1], [2]], [[3], [4]]]
-    assert [d[1][0].score for d in decoded] == [1.0, 1.0]  # released by the parent
 
 
 def test_several_threads_per_worker_mean_threads_not_processes() -> None:
@@ -108,9 +64,7 @@ def test_a_worker_that_dies_is_a_clear_error() -> None:
 class FailsOnZero:
     """Raises on a batch whose first token is 0 (as a decoding bug would); echoes others."""
 
-    def decode_rows(
-        self, rows: list[list[int]], attention: bool = False, on_done: OnDone | None = None
-    ) -> list[list[Hypothesis]]:
+    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
         if rows[0][0] == 0:
             raise ValueError("cannot decode token 0")
         return Echo().decode_rows(rows, attention)
@@ -119,9 +73,7 @@ class FailsOnZero:
 class Slow:
     """Takes `rows[0][0]` tenths of a second, then dies if the first token is 9."""
 
-    def decode_rows(
-        self, rows: list[list[int]], attention: bool = False, on_done: OnDone | None = None
-    ) -> list[list[Hypothesis]]:
+    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
         time.sleep(rows[0][0] / 10)
         if rows[0][0] == 9:
             os._exit(9)

@@ -209,27 +209,6 @@ def test_finished_sentences_can_leave_the_batch_at_once() -> None:
     assert found["buckets"][1] == [4, 8, 8, 4, 2, 2, 2]  # 3 open sentences in 4 slots
 
 
-@pytest.mark.parametrize("search", [beam_search, greedy_search])
-def test_each_sentence_is_reported_once_as_soon_as_its_search_ends(search: Any) -> None:
-    """`on_done` gets every sentence of the batch once, with exactly what the search
-    returns for it, at the step its search ends: sentences whose length limits are 1, 2,
-    3 and 6 are reported after the model's 2nd, 3rd, 4th and 7th steps, not at the end."""
-    src = torch.tensor([[A, EOS, 0, 0, 0, 0, 0], [A, A, EOS, 0, 0, 0, 0],
-                        [A, A, A, EOS, 0, 0, 0], [B] * 6 + [EOS]])  # fmt: skip
-    babbler = RowCounter({}, vocab=30, default={A: 0.9, EOS: 0.1})
-    reported: list[tuple[int, list[Hypothesis], int]] = []
-
-    def on_done(sent: int, hyps: list[Hypothesis]) -> None:
-        reported.append((sent, hyps, len(babbler.rows)))
-
-    options = {"beam_size": 2, "nbest": 2} if search is beam_search else {}
-    results = search(babbler, src, max_len_b=0, length_penalty=1.0, on_done=on_done, **options)
-    assert sorted(sent for sent, _, _ in reported) == [0, 1, 2, 3]
-    assert all(hyps is results[sent] for sent, hyps, _ in reported)
-    assert {sent: at for sent, _, at in reported} == {0: 2, 1: 3, 2: 4, 3: 7}
-    assert [tokens(h)[0] for h in results] == [[A], [A, A], [A] * 3, [A] * 6]
-
-
 def test_nbest_larger_than_beam_is_refused() -> None:
     with pytest.raises(ValueError, match="nbest"):
         beam_search(ScriptedModel(TABLE), SRC, beam_size=2, nbest=3)

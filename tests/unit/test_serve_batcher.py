@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import CancelledError
 
 import pytest
@@ -22,12 +21,10 @@ from nmt_cli.engines.serve.metrics import Metrics
 from nmt_cli.engines.translate.translator import TranslatedHypothesis, Translation
 
 PLAIN, WIDE = Options(beam=4, nbest=1), Options(beam=8, nbest=2)
-LineDone = Callable[[int, Translation], None]
 
 
 class Model:
-    """Translates a line into its upper case; records each call; can be held. Lines that
-    start with "quick" are reported done at once, the others when the call ends."""
+    """Translates a line into its upper case; records each call; can be held."""
 
     def __init__(self, seconds: float = 0.0) -> None:
         self.seconds = seconds  # how long each call takes
@@ -37,23 +34,16 @@ class Model:
         self.started = threading.Event()
         self.taken: list[int] = []  # each call's sentences, when it starts
 
-    def decode(self, lines: list[str], options: Options, on_done: LineDone) -> list[Translation]:
+    def decode(self, lines: list[str], options: Options) -> list[Translation]:
         self.taken.append(len(lines))
-        done = [
-            Translation(line, [TranslatedHypothesis(line.upper(), 0.0, 0.0, len(line))])
-            for line in lines
-        ]
-        quick = [i for i, line in enumerate(lines) if line.startswith("quick")]
-        for i in quick:
-            on_done(i, done[i])
         self.started.set()
         self.gate.wait(10)
         time.sleep(self.seconds)
         self.calls.append((list(lines), options))
-        for i in range(len(lines)):
-            if i not in quick:
-                on_done(i, done[i])
-        return done
+        return [
+            Translation(line, [TranslatedHypothesis(line.upper(), 0.0, 0.0, len(line))])
+            for line in lines
+        ]
 
 
 def batcher(model: Model, limit: int = 100, max_batch: int = 10, gather_s: float = 0.05) -> Batcher:
@@ -134,12 +124,12 @@ def test_a_failing_batch_fails_its_jobs_and_the_queue_goes_on() -> None:
     model = Model()
     calls = 0
 
-    def decode(lines: list[str], options: Options, on_done: LineDone) -> list[Translation]:
+    def decode(lines: list[str], options: Options) -> list[Translation]:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise RuntimeError("boom")
-        return model.decode(lines, options, on_done)
+        return model.decode(lines, options)
 
     queue = Batcher("en-de", decode, Metrics(), 100, 10, 0.0)
     queue.start()
@@ -147,48 +137,6 @@ def test_a_failing_batch_fails_its_jobs_and_the_queue_goes_on() -> None:
         queue.submit(["a"], PLAIN, 10).future.result(5)
     assert texts(queue.submit(["b"], PLAIN, 10).future.result(5)) == ["B"]
     queue.stop(5)
-
-
-def test_a_request_is_answered_when_its_sentences_end_not_when_the_batch_does() -> None:
-    """Three requests decode in one batch: the one whose sentences' searches all end early
-    is answered while the batch is still held, the one with a sentence still decoding and
-    the slow one only when the batch ends; the lane's count of sentences being decoded
-    follows the answers."""
-    model = Model()
-    model.gate.clear()
-    queue = batcher(model, gather_s=0.2)
-    quick = queue.submit(["quick a", "quick b"], PLAIN, 10)
-    mixed = queue.submit(["quick c", "slow d"], PLAIN, 10)
-    slow = queue.submit(["slow e"], PLAIN, 10)
-    queue.start()
-    assert texts(quick.future.result(5)) == ["QUICK A", "QUICK B"]
-    assert model.calls == []  # the batch is still being decoded
-    assert not mixed.future.done() and not slow.future.done()
-    assert 'nmt_decoding_sentences{pair="en-de"} 3' in queue.metrics.render({}, True)
-    model.gate.set()
-    assert texts(mixed.future.result(5)) == ["QUICK C", "SLOW D"]
-    assert texts(slow.future.result(5)) == ["SLOW E"]
-    assert model.taken == [5]
-    assert 'nmt_decoding_sentences{pair="en-de"} 0' in queue.metrics.render({}, True)
-    assert queue.stop(5)
-
-
-def test_a_batch_that_fails_late_fails_only_the_requests_not_answered() -> None:
-    model = Model()
-
-    def decode(lines: list[str], options: Options, on_done: LineDone) -> list[Translation]:
-        model.decode([line for line in lines if line.startswith("quick")], options, on_done)
-        raise RuntimeError("boom")
-
-    queue = Batcher("en-de", decode, Metrics(), 100, 10, 0.2)
-    quick = queue.submit(["quick a"], PLAIN, 10)
-    slow = queue.submit(["slow b"], PLAIN, 10)
-    queue.start()
-    assert texts(quick.future.result(5)) == ["QUICK A"]
-    with pytest.raises(RuntimeError, match="boom"):
-        slow.future.result(5)
-    assert 'nmt_decoding_sentences{pair="en-de"} 0' in queue.metrics.render({}, True)
-    assert queue.stop(5)
 
 
 def test_stopping_refuses_new_work_and_answers_what_waited() -> None:
@@ -210,9 +158,9 @@ def test_free_lanes_share_what_waits_and_decode_side_by_side() -> None:
     model.gate.clear()
     inside = threading.Semaphore(0)
 
-    def decode(lines: list[str], options: Options, on_done: LineDone) -> list[Translation]:
+    def decode(lines: list[str], options: Options) -> list[Translation]:
         inside.release()
-        return model.decode(lines, options, on_done)
+        return model.decode(lines, options)
 
     queue = Batcher("en-de", decode, Metrics(), 100, 10, 0.1, lanes=2)
     jobs = [queue.submit([f"s{i}"], PLAIN, 10) for i in range(8)]

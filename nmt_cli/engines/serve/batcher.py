@@ -4,24 +4,22 @@ A request's sentences go on the model's queue as one `Job` with its decoding opt
 deadline and a future. A lane (a thread; one per worker process of the model) takes the
 first job, waits up to `gather_s` for more (or until `max_batch` sentences wait) while
 another lane is decoding (with every lane idle the load is light, and it takes the job at
-once), and, having answered n sentences as its last batch ended, up to `return_s` for 90%
-of n to have come back (the clients it answered send their next ones within milliseconds;
-without the wait those queued for the next free lane: at 64 closed-loop clients a third of
-them always waited, and the lanes decoded batches of 21 instead of 31). Neither wait takes
-longer than 3% of the time the lane's last batch took to decode. It then takes jobs in
-arrival order up to its share (an even split among all lanes of what waits and what the
-other lanes are decoding, at most `max_batch`), and decodes those that share options
-together: one call of `decode` with all their sentences, which sorts them by length into a
-batch as `nmt translate` does. Each job's future gets its own results, in its own order,
-as soon as the search of its last sentence ends: a short request is answered while the
-batch's longer sentences still decode, and its client's next one is queued by the time the
-lane is free again. The lanes work side by side: while one lane's batch decodes on one
+once), and, having just answered n sentences, up to `return_s` for 90% of n to have come
+back (the clients it answered send their next ones within milliseconds; without the wait
+those queued for the next free lane: at 64 closed-loop clients a third of them always
+waited, and the lanes decoded batches of 21 instead of 31). Neither wait takes longer than
+3% of the time the lane's last batch took to decode. It then takes jobs in arrival order
+up to its share (an even split among all lanes of what waits and what the other lanes
+are decoding, at most `max_batch`), and decodes those that share
+options together: one call of `decode` with all their sentences, which sorts them by
+length into a batch as `nmt translate` does. Each job's future then gets its own results,
+in its own order. The lanes work side by side: while one lane's batch decodes on one
 core, the next requests gather for the next free lane, so under load every core decodes a
-batch of about an even share of the clients, with no lane waiting for another's straggler.
-(A lane that took everything that waited, while another was about to finish a small batch,
-kept one lane on large batches and the other cycling through small ones for as long as the
-load lasted: at 64 clients, batches of 52 beside batches of 12.) The event loop never
-decodes: it only puts jobs on the queue and awaits their futures.
+batch of about an even share of the clients, with no lane waiting for another's
+straggler. (A lane that took everything that waited, while another was about to finish a
+small batch, kept one lane on large batches and the other cycling through small ones for
+as long as the load lasted: at 64 clients, batches of 52 beside batches of 12.) The event
+loop never decodes: it only puts jobs on the queue and awaits their futures.
 
 Memory stays bounded: the queue holds at most `queue_sentences` sentences (a request that
 would pass it is refused with `QueueFull` at once, never parked), a job whose deadline has
@@ -38,7 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from nmt_cli.engines.serve.metrics import Metrics
 
@@ -77,9 +75,7 @@ class Stopping(Exception):
     """The server is stopping and decodes no new work."""
 
 
-# (lines, their options, on_done(i, translation) called once per line as soon as its search
-# ends) -> the lines' translations in order.
-Decode = Callable[[list[str], Options, Callable[[int, "Translation"], None]], "list[Translation]"]
+Decode = Callable[[list[str], Options], "list[Translation]"]
 
 # A lane gathers, and waits for the clients it answered, at most this share of its last
 # batch's decoding time (and at most `gather_s`, `return_s`): waiting is worth a fuller
@@ -173,23 +169,20 @@ class Batcher:
         return True
 
     def _run(self) -> None:
-        recent = 0  # sentences answered as the lane's last batch ended, clients about to send
+        answered = 0  # sentences of this lane's last batch: their clients may send more
         took_s: float | None = None  # how long that batch took to decode
-        while (jobs := self._take(recent, took_s)) is not None:
+        while (jobs := self._take(answered, took_s)) is not None:
+            answered = sum(len(job.sentences) for job in jobs)
             groups: dict[Options, list[Job]] = {}
             for job in jobs:
                 groups.setdefault(job.options, []).append(job)
             started = time.monotonic()
-            answers = _Answers(self, jobs)
             try:
                 for options, group in groups.items():
-                    self._decode(options, group, answers)
+                    self._decode(options, group)
             finally:
-                self._count_decoding(-answers.unanswered())
-            ended = time.monotonic()
-            took_s = ended - started
-            # Clients answered earlier in the batch have had the time to send again.
-            recent = answers.since(ended - min(self.return_s, self.wait_share * took_s))
+                self._count_decoding(-answered)
+            took_s = time.monotonic() - started
 
     def _count_decoding(self, change: int) -> None:
         """Sentences taken by the lanes and not answered yet: the lanes' shares and the
@@ -198,18 +191,18 @@ class Batcher:
             self._decoding += change
             self.metrics.decoding(self.pair, change)
 
-    def _take(self, recent: int, took_s: float | None) -> list[Job] | None:
+    def _take(self, answered: int, took_s: float | None) -> list[Job] | None:
         """A lane's next jobs (possibly none: they had expired, or other free lanes took
         them); None: stop."""
         with self._cond:
-            taken, expired = self._gather(recent, took_s)
+            taken, expired = self._gather(answered, took_s)
         for job in expired:
             if job.future.set_running_or_notify_cancel():  # False: its client cancelled it
                 job.future.set_exception(DeadlineExceeded())
             self.metrics.dropped(self.pair, "timeout", len(job.sentences))
         return taken
 
-    def _gather(self, recent: int, took_s: float | None) -> tuple[list[Job] | None, list[Job]]:
+    def _gather(self, answered: int, took_s: float | None) -> tuple[list[Job] | None, list[Job]]:
         """Under the lock, as a free lane: wait for work and the gather window, then take
         this lane's share in arrival order; also the jobs found past their deadline."""
         while not self._jobs and not self._stopping:
@@ -225,10 +218,10 @@ class Batcher:
         gathered = self._jobs[0].arrived + gather_s
         self._wait_while(lambda: bool(self._jobs) and self._queued < self.max_batch, gathered)
         wait_s = min(self.return_s, cap)
-        if recent and wait_s > 0:
+        if answered and wait_s > 0:
             # The clients this lane just answered are sending their next sentences: wait
             # briefly for most of them, or they queue until the next lane frees.
-            want = min(self.max_batch, self._queued + recent * 9 // 10)
+            want = min(self.max_batch, self._queued + answered * 9 // 10)
             self._wait_while(lambda: self._queued < want, time.monotonic() + wait_s)
         # An even share of all the work there is, waiting and being decoded, for every
         # lane: a lane that took everything that waited while the other was nearly done
@@ -261,59 +254,17 @@ class Batcher:
                 return
             self._cond.wait(left)
 
-    def _decode(self, options: Options, jobs: list[Job], answers: _Answers) -> None:
+    def _decode(self, options: Options, jobs: list[Job]) -> None:
         lines = [sentence for job in jobs for sentence in job.sentences]
-        owners = [(job, k) for job in jobs for k in range(len(job.sentences))]
         try:
-            results = self.decode(lines, options, lambda i, done: answers.add(*owners[i], done))
+            results = self.decode(lines, options)
         except Exception as exc:  # the requests fail (500); the server goes on
-            answers.fail(jobs, exc)
+            for job in jobs:
+                job.future.set_exception(exc)
             return
         tokens = sum(r.hypotheses[0].length for r in results if r.hypotheses)
         self.metrics.decoded(self.pair, len(lines), tokens)
-
-
-class _Answers:
-    """A lane's batch being decoded: each job is answered as soon as its every sentence's
-    search has ended (the translator reports each sentence as its search ends), so a
-    short request's client need not wait for the batch's longest sentence; and when."""
-
-    def __init__(self, batcher: Batcher, jobs: list[Job]) -> None:
-        self.batcher = batcher
-        self._lock = threading.Lock()  # sentences may be reported from decoding threads
-        self._results: dict[Job, list[Translation | None]] = {
-            job: [None] * len(job.sentences) for job in jobs
-        }
-        self._left = {job: len(job.sentences) for job in jobs}
-        self._unanswered = sum(self._left.values())
-        self._answered: list[tuple[float, int]] = []  # (when, sentences), a job each
-
-    def add(self, job: Job, k: int, translation: Translation) -> None:
-        """Sentence `k` of `job` is translated; the job is answered with its last."""
-        with self._lock:
-            self._results[job][k] = translation
-            self._left[job] -= 1
-            if self._left[job]:
-                return
-            results = cast("list[Translation]", self._results.pop(job))
-            self._answered.append((time.monotonic(), len(results)))
-            self._unanswered -= len(results)
-        self.batcher._count_decoding(-len(results))
-        job.future.set_result(results)
-
-    def fail(self, jobs: list[Job], exc: Exception) -> None:
-        """The decoding raised: its jobs not answered yet fail with it."""
-        with self._lock:
-            failing = [job for job in jobs if self._results.pop(job, None) is not None]
-        for job in failing:
-            job.future.set_exception(exc)
-
-    def unanswered(self) -> int:
-        """Sentences of jobs not answered (their decoding failed)."""
-        with self._lock:
-            return self._unanswered
-
-    def since(self, moment: float) -> int:
-        """Sentences answered at `moment` (time.monotonic()) or later."""
-        with self._lock:
-            return sum(n for when, n in self._answered if when >= moment)
+        start = 0
+        for job in jobs:
+            job.future.set_result(results[start : start + len(job.sentences)])
+            start += len(job.sentences)

@@ -92,20 +92,13 @@ class Model:
         self._variants: OrderedDict[Options, Translator] = OrderedDict()
         self._in_process = threading.Lock()  # variants decode here, one batch at a time
 
-    def decode(
-        self,
-        lines: list[str],
-        options: Options,
-        on_done: Callable[[int, Translation], None] | None = None,
-    ) -> list[Translation]:
+    def decode(self, lines: list[str], options: Options) -> list[Translation]:
         """Translate `lines` with `options` (in a decoding lane): with the server's own
-        settings on a free worker process, with others in this process; `on_done` as in
-        Translator.translate_chunk."""
+        settings on a free worker process, with others in this process."""
         if options == self.defaults:
-            return self.translator.translate_chunk(lines, pooled=True, on_done=on_done)
+            return self.translator.translate_chunk(lines, pooled=True)
         with self._in_process:
-            translator = self._translator(options)
-            return translator.translate_chunk(lines, options.attention, on_done=on_done)
+            return self._translator(options).translate_chunk(lines, options.attention)
 
     def warm_up(self) -> None:
         """One short translation: the first decoding of a process builds its kernels."""

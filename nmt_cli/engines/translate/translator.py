@@ -14,7 +14,6 @@ never dropped.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,7 +29,6 @@ from nmt_cli.core.ensemble import Ensemble, Member
 from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
 from nmt_cli.core.search import (
     Hypothesis,
-    OnDone,
     Searchable,
     batch_bucket,
     beam_search,
@@ -225,85 +223,57 @@ class Translator:
             yield from self.translate_chunk(chunk, attention)
 
     def translate_chunk(
-        self,
-        lines: Sequence[str],
-        attention: bool = False,
-        pooled: bool = False,
-        on_done: Callable[[int, Translation], None] | None = None,
+        self, lines: Sequence[str], attention: bool = False, pooled: bool = False
     ) -> list[Translation]:
         """One chunk: `lines` sorted by length into batches together, results in their order.
         `pooled` sends even a single batch to a worker process (a server's decoding lanes
-        each hand theirs to a free worker, side by side) where there are several.
-        `on_done(i, translation)` is called once for each line, in no set order, as soon as
-        its search ends (before the batch's longer sentences finish): a server answers a
-        short sentence's client then. It may be called from a decoding thread."""
+        each hand theirs to a free worker, side by side) where there are several."""
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
         ids = [x[: self.max_source] for x in ids]
-        translations: list[Translation | None] = [None] * len(lines)
-
-        def conclude(i: int, hyps: list[Hypothesis]) -> None:
-            translations[i] = translation = Translation(
-                source=lines[i],
-                hypotheses=[
-                    _result(h, ids[i], self.vocab, self.aligner is not None, attention)
-                    for h in hyps
-                ],
-                truncated=truncated[i],
-            )
-            if on_done is not None:
-                on_done(i, translation)
-
+        hyps: list[list[Hypothesis]] = [[] for _ in lines]
         order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
         batches = list(length_batches(order, ids, self.batch_sentences, self.cfg.batch_tokens))
-
-        def early(b: int, row: int, hyps: list[Hypothesis]) -> None:
-            conclude(batches[b][row], hyps)
 
         rows = [[ids[i] for i in batch] for batch in batches]
         if self.workers > 1 and (len(batches) > 1 or (pooled and batches)):
             # Batches decoded side by side, one worker each: on small CPUs this beats
             # spreading every small matrix product over all cores (see set_threads).
-            decoded = self._workers().map(rows, attention, early if on_done else None)
+            decoded = self._workers().map(rows, attention)
         else:
-            decoded = []
-            for b, batch_rows in enumerate(rows):
-                in_batch = functools.partial(early, b) if on_done else None
-                decoded.append(self.decode_rows(batch_rows, attention, in_batch))
+            decoded = [self.decode_rows(batch, attention) for batch in rows]
         for batch, results in zip(batches, decoded, strict=True):
             for i, result in zip(batch, results, strict=True):
-                if translations[i] is None:
-                    conclude(i, result)
-        for i, translation in enumerate(translations):
-            if translation is None:  # an empty line: no search
-                conclude(i, [])
-        return cast(list[Translation], translations)
+                hyps[i] = result
+        return [
+            Translation(
+                source=line,
+                hypotheses=[
+                    _result(h, ids[i], self.vocab, self.aligner is not None, attention)
+                    for h in hyps[i]
+                ],
+                truncated=truncated[i],
+            )
+            for i, line in enumerate(lines)
+        ]
 
-    def decode_rows(
-        self, rows: list[list[int]], attention: bool = False, on_done: OnDone | None = None
-    ) -> list[list[Hypothesis]]:
+    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
         """One batch of source token ids -> each sentence's hypotheses, recording the
         alignment layer's attention when alignments are on, or the default layer's with
-        `attention`; `on_done` as in search.beam_search."""
+        `attention`."""
         view = self.aligner
         if attention and view is None:
             view = CrossAttentionOf(self.model, default_layer(decoder_layers(self.model)) - 1)
-        return self.search(self.source_tensor(rows), view, on_done=on_done)
+        return self.search(self.source_tensor(rows), view)
 
     def search(
-        self,
-        src: Tensor,
-        view: Searchable | None = None,
-        nbest: int | None = None,
-        on_done: OnDone | None = None,
+        self, src: Tensor, view: Searchable | None = None, nbest: int | None = None
     ) -> list[list[Hypothesis]]:
         """Search as configured over a (B, width) source tensor. Without a view, the plain
         search (greedy at beam 1); with one (views.py), beam search recording its weights."""
         cfg = self.cfg
         if cfg.beam_size == 1 and view is None:
-            return greedy_search(
-                self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty, on_done
-            )
+            return greedy_search(self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty)
         return beam_search(
             self.model if view is None else view,
             src,
@@ -315,7 +285,6 @@ class Translator:
             need_weights=view is not None,
             advance=self.advance,
             bucket=self.bucket,
-            on_done=on_done,
         )
 
     def source_tensor(self, rows: list[list[int]]) -> Tensor:

@@ -16,9 +16,7 @@ several threads (`--threads` above `--workers`): GNU OpenMP, which PyTorch's CPU
 use, cannot start a team of threads in a process forked from one that had a team.
 
 Each worker has a pipe of its own, and the thread that has a batch to decode takes a free
-worker, writes the batch to its pipe and reads the answer from it; asked to, the worker
-also sends each sentence's hypotheses as soon as its search ends, ahead of the batch's
-answer (a server answers that sentence's client then). (A
+worker, writes the batch to its pipe and reads the answer from it. (A
 `ProcessPoolExecutor` passes each call through its manager thread and its queue's feeder
 thread, and back through the manager: at batch 1, as a server decodes a lone client's
 sentence, those hand-offs took 1.0 ms of a 12 ms sentence, the pipe's 0.5 ms.)
@@ -27,41 +25,26 @@ sentence, those hand-offs took 1.0 ms of a 12 ms sentence, the pipe's 0.5 ms.)
 from __future__ import annotations
 
 import contextlib
-import functools
 import multiprocessing
 import pickle
 import queue
 import signal
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from multiprocessing.connection import Connection, wait
-from typing import NamedTuple, Protocol, cast
+from typing import Protocol, cast
 
 import torch
 
-from nmt_cli.core.search import Hypothesis, OnDone
+from nmt_cli.core.search import Hypothesis
 from nmt_cli.cpu_decode.memory import Releaser
 from nmt_cli.errors import NmtError
 
 Rows = list[list[int]]  # one batch: the source token ids of its sentences
 Decoded = list[list[Hypothesis]]  # per sentence of a batch, its hypotheses
-# (batch's index in the call, sentence's row in the batch, its hypotheses)
-BatchDone = Callable[[int, int, list[Hypothesis]], None]
-
-
-class Part(NamedTuple):
-    """One sentence's hypotheses, sent by a worker before its batch's answer."""
-
-    row: int
-    hyps: list[Hypothesis]
-
-
-# What crosses a worker's pipe back: a Part, then (DECODED, the batch's Decoded) or
-# (FAILED, the exception it raised).
-DECODED, FAILED = "decoded", "failed"
 
 WORKER_DIED = (
     "a decoding worker process died (out of memory?); try --workers 1 or a smaller --batch-size"
@@ -71,9 +54,7 @@ WORKER_DIED = (
 class RowDecoder(Protocol):
     """What the workers decode with: a Translator (translator.py), which makes the pool."""
 
-    def decode_rows(
-        self, rows: Rows, attention: bool = False, on_done: OnDone | None = None
-    ) -> Decoded: ...
+    def decode_rows(self, rows: Rows, attention: bool = False) -> Decoded: ...
 
 
 def _serve(conn: Connection, translator: RowDecoder) -> None:
@@ -90,17 +71,11 @@ def _serve(conn: Connection, translator: RowDecoder) -> None:
             return
         if request is None:
             return
-        rows, attention, parts = request
-        early: OnDone | None = None
-        if parts:
-
-            def early(row: int, hyps: list[Hypothesis]) -> None:
-                conn.send(Part(row, hyps))
-
+        rows, attention = request
         try:
-            answer: tuple[str, object] = (DECODED, translator.decode_rows(rows, attention, early))
+            answer: tuple[bool, object] = (True, translator.decode_rows(rows, attention))
         except Exception as exc:  # the parent raises it; this worker stays usable
-            answer = (FAILED, _sendable(exc))
+            answer = (False, _sendable(exc))
         conn.send(answer)
         releaser.after_chunk()  # after the answer: the parent need not wait for it
 
@@ -137,27 +112,21 @@ class _Worker:
         self.process.start()
         child.close()
 
-    def send(self, rows: Rows, attention: bool, parts: bool) -> None:
-        """Start decoding a batch; with `parts`, its sentences come back one by one too."""
+    def send(self, rows: Rows, attention: bool) -> None:
         try:
-            self.conn.send((rows, attention, parts))
+            self.conn.send((rows, attention))
         except OSError:  # the pipe broke: the worker is gone
             raise NmtError(WORKER_DIED) from None
 
-    def receive(self) -> Decoded | Part:
-        """The next message: the batch's hypotheses (it raises the batch's exception), or
-        with parts asked for, one sentence's ahead of them."""
+    def receive(self) -> Decoded:
         try:
-            message = self.conn.recv()
+            ok, answer = self.conn.recv()
         except (EOFError, OSError):
             raise NmtError(WORKER_DIED) from None
-        if isinstance(message, Part):
-            return message
-        kind, answer = message
-        if kind == FAILED:
+        if not ok:
             assert isinstance(answer, BaseException)
             raise answer
-        return cast(Decoded, answer)
+        return answer
 
     def stop(self, wait: bool) -> None:
         """Ask an idle worker to exit and wait for it; otherwise (it may be mid-batch, or
@@ -196,25 +165,11 @@ class DecodePool:
         # Stops the workers when the translator goes away without being closed.
         self._finalizer = weakref.finalize(self, _stop_all, self._workers, self._threads)
 
-    def map(
-        self, batches: Sequence[Rows], attention: bool, on_done: BatchDone | None = None
-    ) -> list[Decoded]:
+    def map(self, batches: Sequence[Rows], attention: bool) -> list[Decoded]:
         """Each batch's hypotheses, in the order of `batches`. A batch that raised in its
-        worker raises here, once the other batches being decoded are back. `on_done(batch,
-        row, hypotheses)` is called for each sentence as soon as its search ends, in the
-        calling thread (with threads for workers: in theirs)."""
+        worker raises here, once the other batches being decoded are back."""
         if self._threads is not None:
-            return list(
-                self._threads.map(
-                    self.translator.decode_rows,
-                    batches,
-                    repeat(attention),
-                    [
-                        None if on_done is None else functools.partial(on_done, b)
-                        for b in range(len(batches))
-                    ],
-                )
-            )
+            return list(self._threads.map(self.translator.decode_rows, batches, repeat(attention)))
         if not batches:
             return []
         decoded: list[Decoded | None] = [None] * len(batches)
@@ -228,25 +183,18 @@ class DecodePool:
             while True:
                 while free and error is None and (batch := next(todo, None)) is not None:
                     worker = free.pop()
-                    worker.send(batch[1], attention, on_done is not None)
+                    worker.send(batch[1], attention)
                     busy[worker.conn] = (worker, batch[0])
                 if not busy:
                     break
                 for conn in cast(list[Connection], wait(list(busy))):
-                    worker, i = busy[conn]
+                    worker, i = busy.pop(conn)
                     try:
-                        answer = worker.receive()
+                        decoded[i] = worker.receive()
                     except NmtError:
                         raise
                     except Exception as exc:  # the batch failed, its worker is fine
                         error = error or exc
-                        answer = []
-                    if isinstance(answer, Part):  # the batch goes on
-                        if on_done is not None and error is None:
-                            on_done(i, answer.row, answer.hyps)
-                        continue
-                    decoded[i] = answer
-                    del busy[conn]
                     free.append(worker)
         except NmtError:
             self._fail(WORKER_DIED)
