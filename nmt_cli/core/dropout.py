@@ -8,6 +8,11 @@ the mask is drawn from the default generator (so `torch.manual_seed` reproduces 
 only the scaled mask is kept for the backward pass. On GPUs PyTorch's fused dropout
 kernel is already fast and is used as is.
 
+The mask is each module's `keep_mask` (a `KeepMask`), by default `scaled_keep_mask` here,
+the reference: training on a CPU swaps in the compiled one-pass mask of the CPU backend
+(engines/train/dropout_mask.py), which draws the same distribution from a counter-based
+generator and is tested against this one.
+
 `Dropout.add(residual, x)` computes `residual + dropout(x)`, the paper's
 "dropout to the output of each sub-layer, before it is added to the sub-layer input",
 in one pass instead of two.
@@ -16,6 +21,7 @@ in one pass instead of two.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,8 +41,12 @@ def seed_dropout(device: torch.device, seed: int) -> None:
         torch.manual_seed(seed)
 
 
-def _scaled_keep_mask(like: Tensor, p: float) -> Tensor:
-    """0 with probability p, else 1 / (1 - p); the dtype and shape of `like`."""
+# (like, p) -> 0 with probability p, else 1 / (1 - p); the dtype and shape of `like`.
+KeepMask = Callable[[Tensor, float], Tensor]
+
+
+def scaled_keep_mask(like: Tensor, p: float) -> Tensor:
+    """The reference KeepMask: from the default generator, p to within 1/65536."""
     n = like.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=like.device)
     words.random_(-(2**63), 2**63 - 1)
@@ -47,21 +57,21 @@ def _scaled_keep_mask(like: Tensor, p: float) -> Tensor:
 
 class _MaskedDropout(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, p: float) -> Tensor:
-        mask = _scaled_keep_mask(x, p)
+    def forward(ctx: Any, x: Tensor, p: float, keep_mask: KeepMask) -> Tensor:
+        mask = keep_mask(x, p)
         ctx.save_for_backward(mask)
         return x * mask
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         (mask,) = ctx.saved_tensors
-        return grad * mask, None
+        return grad * mask, None, None
 
 
 class _MaskedDropoutAdd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, residual: Tensor, x: Tensor, p: float) -> Tensor:
-        mask = _scaled_keep_mask(x, p)
+    def forward(ctx: Any, residual: Tensor, x: Tensor, p: float, keep_mask: KeepMask) -> Tensor:
+        mask = keep_mask(x, p)
         ctx.save_for_backward(mask)
         ctx.residual_dtype = residual.dtype
         if residual.dtype == x.dtype:
@@ -69,13 +79,17 @@ class _MaskedDropoutAdd(torch.autograd.Function):
         return residual + x * mask
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None, None]:
         (mask,) = ctx.saved_tensors
-        return grad.to(ctx.residual_dtype), (grad * mask).to(mask.dtype), None
+        return grad.to(ctx.residual_dtype), (grad * mask).to(mask.dtype), None, None
 
 
 class Dropout(nn.Dropout):
     """`nn.Dropout` with the cheaper CPU mask, plus `add` for dropout before a residual."""
+
+    def __init__(self, p: float = 0.5, keep_mask: KeepMask = scaled_keep_mask) -> None:
+        super().__init__(p)
+        self.keep_mask = keep_mask  # the CPU's mask (see the module's docstring)
 
     def _fast(self, x: Tensor) -> bool:
         """The CPU's mask, in eager mode: torch.compile cannot trace its 16-bit view of
@@ -87,7 +101,7 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0.0:
             return x
         if self._fast(x):
-            out: Tensor = _MaskedDropout.apply(x, self.p)
+            out: Tensor = _MaskedDropout.apply(x, self.p, self.keep_mask)
             return out
         return F.dropout(x, self.p, True)
 
@@ -96,6 +110,6 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0.0:
             return residual + x
         if self._fast(x):
-            out: Tensor = _MaskedDropoutAdd.apply(residual, x, self.p)
+            out: Tensor = _MaskedDropoutAdd.apply(residual, x, self.p, self.keep_mask)
             return out
         return residual + F.dropout(x, self.p, True)

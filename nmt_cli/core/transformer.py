@@ -32,7 +32,7 @@ from nmt_cli.core.attention_kernels import (
     sdpa_backends,
 )
 from nmt_cli.core.cache import AttentionCache, DecoderCache, StepCache
-from nmt_cli.core.dropout import Dropout
+from nmt_cli.core.dropout import Dropout, KeepMask
 from nmt_cli.core.local_attention import band_mask, blocked_attention, scored_keys
 from nmt_cli.core.model_config import Activation, ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
@@ -459,6 +459,12 @@ class Transformer(nn.Module):
         memory = self.encode(src, src_mask)
         hidden = self.decode(tgt_in, memory, src_mask).hidden
         return self.logits(hidden) if project else hidden
+
+    def set_dropout_mask(self, keep_mask: KeepMask) -> None:
+        """Where every dropout's mask comes from on a CPU (core/dropout.py)."""
+        for module in self.modules():
+            if isinstance(module, Dropout):
+                module.keep_mask = keep_mask
 
     def set_attention_backend(self, policy: AttentionBackend) -> None:
         """Which SDPA kernels every attention layer may use on a GPU (core/attention_kernels.py)."""

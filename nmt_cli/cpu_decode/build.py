@@ -28,7 +28,15 @@ from types import ModuleType
 import torch
 
 _CSRC = Path(__file__).with_name("csrc")
-_NAMES = ("decoder_step", "bf16_linear", "int8_linear", "beam_topk", "log_softmax", "attention")
+_NAMES = (
+    "decoder_step",
+    "bf16_linear",
+    "int8_linear",
+    "beam_topk",
+    "log_softmax",
+    "attention",
+    "dropout_mask",
+)
 SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
 HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles", "simd_exp")]
 

@@ -14,6 +14,7 @@
 
 #include "attention.h"
 #include "beam_topk.h"
+#include "dropout_mask.h"
 #include "bf16_linear.h"
 #include "int8_linear.h"
 #include "log_softmax.h"
@@ -358,4 +359,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_kernel_available", &nmt::attention_kernel_available);
   m.def("attend_prefix", &nmt::attend_prefix);
   m.def("attend_memory", &nmt::attend_memory);
+  m.def("scaled_keep_mask", &nmt::scaled_keep_mask);
 }

@@ -54,6 +54,7 @@ from nmt_cli.engines.train.distributed import (
     launch,
     under_torchrun,
 )
+from nmt_cli.engines.train.dropout_mask import cpu_keep_mask
 from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
 from nmt_cli.engines.train.heap import reused_heap
@@ -120,6 +121,10 @@ def train(
         # Under the lock: the checkpoint read to resume is the one no other writer changes.
         plan = plan_training(reconciled.recipe, data, run)
         notices = [Notice(text, warning=True) for text in reconciled.warnings]
+        if options.gpus == 0:  # built once here, before the layout probe and the ranks
+            why_not = _build_cpu_kernels(on_event if is_rank0 else None)
+            if why_not is not None:
+                notices.append(Notice(f"dropout masks from PyTorch's operations: {why_not}"))
         procs = options.procs
         if procs is None:
             procs = 1
@@ -139,6 +144,17 @@ def train(
     finally:
         if is_rank0:
             run.release_lock()
+
+
+def _build_cpu_kernels(on_event: EventSink | None) -> str | None:
+    """Build the CPU backend's compiled module, saying so first (the first run on a
+    machine: about a minute); the reason it could not be built, if so."""
+
+    def on_compile() -> None:
+        if on_event is not None:
+            on_event(Notice("building the CPU kernels (once per machine, about a minute)"))
+
+    return cpu_keep_mask(on_compile)[1]
 
 
 class _Trainer:
@@ -180,6 +196,8 @@ class _Trainer:
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg).to(ctx.device)
         self.model.set_attention_backend(self.choices.attention_backend)
+        if ctx.device.type == "cpu":
+            self.model.set_dropout_mask(cpu_keep_mask()[0])
         if resume is not None:
             self.model.load_state_dict(resume.model)
         elif plan.init is not None:  # fine-tuning: its weights, a fresh optimizer and schedule

@@ -1,0 +1,12 @@
+// Training's dropout mask on a CPU (see dropout_mask.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace nmt {
+
+// A tensor of `like`'s shape and dtype (float32, bfloat16 or float16): 0 with probability
+// round(p * 65536) / 65536, else 1 / (1 - p); the same for a seed whatever the threads.
+at::Tensor scaled_keep_mask(const at::Tensor& like, double p, int64_t seed);
+
+}  // namespace nmt
