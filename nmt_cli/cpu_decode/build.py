@@ -41,6 +41,11 @@ SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
 HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles", "simd_exp")]
 
 
+# OpenMP: `at::parallel_for` in the kernels runs on PyTorch's own OpenMP threads (its
+# libgomp, already loaded, is the one the module links to); without the flag it is serial.
+CFLAGS = ("-O3", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+
 STALE_LOCK_SECONDS = 600
 
 
@@ -55,6 +60,7 @@ def _module_name() -> str:
     rebuild in turn (the builder's ninja file names the sources by their paths)."""
     digest = hashlib.sha256(torch.__version__.encode())
     digest.update(str(_CSRC.resolve()).encode())
+    digest.update(" ".join(CFLAGS + LDFLAGS).encode())  # tuples: the builder extends lists
     for path in SOURCES + HEADERS:
         digest.update(path.read_bytes())
     return f"nmt_decoder_step_{digest.hexdigest()[:16]}"
@@ -87,7 +93,8 @@ def load_kernel() -> ModuleType:
         return load(
             name=_module_name(),
             sources=[str(path) for path in SOURCES],
-            extra_cflags=["-O3"],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
             build_directory=str(directory),
             verbose=False,
         )
