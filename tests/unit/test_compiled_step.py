@@ -322,6 +322,30 @@ def test_a_field_on_one_side_only_stops_the_step_at_load_with_its_name(
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_the_kernels_give_the_same_search_on_two_threads(
+    kernel: ModuleType, precision: str
+) -> None:
+    """The module is built with OpenMP, so its kernels split their work over PyTorch's
+    threads: a process decoding on two threads (`--workers 1 --threads 2`) gets the
+    hypotheses one thread gets (their scores to rounding: PyTorch's own products sum in
+    another order on two threads)."""
+    model = decode_model(precision, kernel, compiled=True)
+    src = torch.randint(4, 50, (24, 11), generator=torch.Generator().manual_seed(9))
+    src[:, -1] = 3
+    advance = kernel_advance(kernel)
+
+    def run() -> list:
+        return beam_search(model, src, 4, max_len_b=12, nbest=2, advance=advance)
+
+    one = run()
+    torch.set_num_threads(2)  # the one_thread fixture restores the count
+    two = run()
+    assert [[h.tokens for h in s] for s in two] == [[h.tokens for h in s] for s in one]
+    scores = [h.score for s in two for h in s]
+    assert scores == pytest.approx([h.score for s in one for h in s], rel=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int) -> None:
     model = decode_model(precision, kernel, compiled=True)
