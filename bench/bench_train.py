@@ -45,6 +45,7 @@ from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
+from nmt_cli.engines.train.dropout_mask import cpu_keep_mask
 from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.step import Updater
 
@@ -103,6 +104,7 @@ def nmt_step(cfg: ModelConfig, precision: str, fused: bool = False) -> Callable[
     chunked loss (the GPU's choice)."""
     torch.manual_seed(0)
     model = Transformer(cfg)
+    model.set_dropout_mask(cpu_keep_mask()[0])  # as `nmt train` on a CPU
     objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused)
     updater = Updater(
         objective, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.0, 1

@@ -21,7 +21,7 @@ from nmt_cli.config import DECODE_PRECISIONS, DecodeConfig, DecodePrecision
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 
-COMPILING = "compiling the decoder step for this machine (once; about 30 s)"
+COMPILING = "compiling the decoder step for this machine (once; about a minute)"
 FALLBACK = "decoding with the slower Python step"
 _D = DecodeConfig()  # the defaults: the paper's decoding settings (section 6.1)
 # the recipe's decode.* keys as this command's flags, for messages about their values

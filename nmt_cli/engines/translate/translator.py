@@ -138,7 +138,7 @@ class Translator:
         `alignment_layer` (1-based; 0: the penultimate) gives every hypothesis its word
         alignment, as `nmt translate --alignment`.
         On a CPU the decoder step is compiled C++ unless `compiled_step=False`: the first
-        load on a machine builds it (about 30 s; `on_compile` is called before), and where
+        load on a machine builds it (about a minute; `on_compile` is called before), and where
         it cannot be built `on_fallback` gets the reason (default: a warning) and decoding
         stays in Python (the same fp32 results; bf16 and int8, without the module's kernels,
         may differ in a few lines).
