@@ -6,8 +6,10 @@ label-smoothed loss, backward, Adam) on length-grouped batches shaped like Multi
 d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512, 2048,
 8 heads, vocabulary 37,000), in fp32 and bf16 autocast, with freed memory kept for the
 next update as `nmt train` keeps it (`--heaps kept,default` also times glibc's own
-heap). The matmul peak of each precision is measured in the same run (2048^3 products),
-because this host's speed drifts.
+heap) and dropout masks from nmt's compiled module as `nmt train` draws them on a CPU
+(`--masks compiled,reference` also times core's reference masks). The matmul peak of
+each precision is measured in the same run (2048^3 products), because this host's speed
+drifts.
 
 No peer figure written down earlier is divided by: this host drifts 20-40%, so a ratio
 counts only within one run. With --reference it times, on the same batches, the naive
@@ -16,6 +18,8 @@ cross-entropy, Adam): a ratio measured in the same run.
 
     .venv/bin/python bench/bench_train.py --models small --precisions fp32,bf16 --reference
     .venv/bin/python bench/bench_train.py --models small --precisions bf16 --ops
+    .venv/bin/python bench/bench_train.py --models small --precisions bf16 \
+        --masks reference,compiled,reference,compiled --threads 2
 
 `--ops` profiles the update by operation: how much of its time the matrix products take
 and at what rate, which bounds what faster element-wise work could still gain.
@@ -99,12 +103,19 @@ def time_steps(step: object, batches: list[Batch], cfg: ModelConfig, steps: int)
     return Timing(statistics.median(rates), statistics.median(flops))
 
 
-def nmt_step(cfg: ModelConfig, precision: str, fused: bool = False) -> Callable[[Batch], None]:
+def nmt_step(
+    cfg: ModelConfig, precision: str, fused: bool = False, masks: str = "compiled"
+) -> Callable[[Batch], None]:
     """The engine's update on one batch; `fused`: the output projection inside the
-    chunked loss (the GPU's choice)."""
+    chunked loss (the GPU's choice); `masks`: dropout's from the compiled module, as `nmt
+    train` on a CPU, or "reference" (core's, PyTorch's operations)."""
     torch.manual_seed(0)
     model = Transformer(cfg)
-    model.set_dropout_mask(cpu_keep_mask()[0])  # as `nmt train` on a CPU
+    if masks == "compiled":
+        keep_mask, why_not = cpu_keep_mask()
+        if why_not is not None:
+            raise SystemExit(f"the compiled dropout masks cannot be had here: {why_not}")
+        model.set_dropout_mask(keep_mask)
     objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused)
     updater = Updater(
         objective, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.0, 1
@@ -231,6 +242,12 @@ def main() -> None:
         "time and their rate, and what else it spends time on",
     )
     parser.add_argument(
+        "--masks",
+        default="compiled",
+        help="comma list of 'compiled' (dropout masks from nmt's module, as nmt train on a "
+        "CPU) and 'reference' (core's, PyTorch's operations): each is timed in turn",
+    )
+    parser.add_argument(
         "--heaps",
         default="kept",
         help="comma list of 'kept' (freed memory kept, as nmt train runs) and 'default' "
@@ -257,13 +274,17 @@ def main() -> None:
         batches = multi30k_like_batches(cfg.tgt_vocab_size, args.max_tokens, count=6)
         avg = statistics.mean(b.tgt_tokens for b in batches)
         print(f"\n{name}: {len(batches)} batches of ~{avg:,.0f} target tokens")
-        for precision, heap in itertools.product(args.precisions.split(","), args.heaps.split(",")):
+        variants = itertools.product(
+            args.precisions.split(","), args.heaps.split(","), args.masks.split(",")
+        )
+        for precision, heap, masks in variants:
             with reused_heap() if heap == "kept" else contextlib.nullcontext():
-                step = nmt_step(cfg, precision)
+                step = nmt_step(cfg, precision, masks=masks)
                 ours = time_steps(step, batches, cfg, args.steps)
                 ops = profile_ops(step, batches) if args.ops else None
             line = (
-                f"  {precision} ({heap} heap): nmt {ours.tokens_per_s:8,.0f} tgt tok/s, "
+                f"  {precision} ({heap} heap, {masks} masks): nmt "
+                f"{ours.tokens_per_s:8,.0f} tgt tok/s, "
                 f"{ours.flops_per_s / 1e9:6,.0f} GFLOP/s = "
                 f"{ours.flops_per_s / peaks[precision]:5.1%} of the {precision} matmul peak"
             )

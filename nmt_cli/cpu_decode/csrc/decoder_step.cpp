@@ -14,8 +14,8 @@
 
 #include "attention.h"
 #include "beam_topk.h"
-#include "dropout_mask.h"
 #include "bf16_linear.h"
+#include "dropout_mask.h"
 #include "int8_linear.h"
 #include "log_softmax.h"
 

@@ -48,7 +48,8 @@ void fill_mask(scalar_t* out, int64_t n, uint64_t seed, uint32_t threshold, floa
         }
       } else {
         for (int64_t i = first; i < n; ++i) {
-          const uint32_t quarter = static_cast<uint32_t>(bits >> (16 * (i - first))) & 0xFFFFu;
+          const uint32_t quarter =
+              static_cast<uint32_t>(bits >> (16 * (i - first))) & 0xFFFFu;
           out[i] = quarter >= threshold ? kept : dropped;
         }
       }
@@ -61,10 +62,11 @@ void fill_mask(scalar_t* out, int64_t n, uint64_t seed, uint32_t threshold, floa
 at::Tensor scaled_keep_mask(const at::Tensor& like, double p, int64_t seed) {
   TORCH_CHECK(like.device().is_cpu(), "scaled_keep_mask: a CPU tensor is needed");
   TORCH_CHECK(p >= 0.0 && p < 1.0, "scaled_keep_mask: p must be in [0, 1), got ", p);
-  at::Tensor out = at::empty(like.sizes(), like.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = at::empty(like.sizes(), like.options());  // contiguous
   const uint32_t threshold = static_cast<uint32_t>(std::lround(p * 65536.0));
   const float scale = static_cast<float>(1.0 / (1.0 - p));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "scaled_keep_mask", [&] {
+  const auto dtype = out.scalar_type();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "scaled_keep_mask", [&] {
     fill_mask<scalar_t>(out.data_ptr<scalar_t>(), out.numel(), static_cast<uint64_t>(seed),
                         threshold, scale);
   });
