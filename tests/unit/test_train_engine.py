@@ -253,6 +253,32 @@ def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
     assert result.final_dev_loss is not None and math.isfinite(result.final_dev_loss)
 
 
+def test_without_the_compiled_module_dropout_keeps_pytorchs_masks_and_says_so(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nmt_cli.core import dropout as dropout_module
+    from nmt_cli.cpu_decode.build import CompileError
+    from nmt_cli.engines.train import dropout_mask
+
+    def no_compiler(on_compile: Any = None) -> Any:
+        raise CompileError("no C++ compiler (c++) on PATH")
+
+    monkeypatch.setattr(dropout_mask, "prepare_kernel", no_compiler)
+    drawn: list[tuple[int, ...]] = []
+    reference = dropout_module.scaled_keep_mask
+
+    def counted(like: torch.Tensor, p: float) -> torch.Tensor:
+        drawn.append(tuple(like.shape))
+        return reference(like, p)
+
+    monkeypatch.setattr(dropout_mask, "scaled_keep_mask", counted)
+    events: list[TrainEvent] = []
+    result = train(tiny_recipe(data, tmp_path / "run"), on_event=events.append)
+    notices = [e.text for e in events if isinstance(e, Notice)]
+    assert "dropout masks from PyTorch's operations: no C++ compiler (c++) on PATH" in notices
+    assert result.steps == 6 and drawn  # the reference drew every mask
+
+
 def test_tensorboard_missing_is_a_notice_only_when_asked_for(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,7 +2,7 @@
 
 The reference mask (core/dropout.py) costs four PyTorch operations, one of them PyTorch's
 CPU `random_`, which runs its generator serially: on the Multi30k recipe's model the
-masks took about 7% of a bf16 update. The compiled `scaled_keep_mask` (csrc/dropout_mask.cpp,
+masks took about 8% of a bf16 update. The compiled `scaled_keep_mask` (csrc/dropout_mask.cpp,
 built with the decoding kernels: one module, one build, one cache) makes the same mask in
 one pass from a counter-based generator, seeded from PyTorch's default generator, so a
 run's masks still follow its seed and a resumed run repeats them bit for bit. Where the
