@@ -118,6 +118,22 @@ def test_training_on_a_cpu_draws_its_masks_from_the_compiled_module(kernel: Modu
     assert drops and all(m.keep_mask is keep for m in drops)
 
 
+def test_the_probe_and_the_ranks_never_build_the_module_themselves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`train()` builds it once; where that failed, the ones after it take the reference
+    at once instead of spending another failed build each."""
+    from nmt_cli.engines.train import dropout_mask
+
+    def build(*args: object) -> None:
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(dropout_mask, "is_built", lambda: False)
+    monkeypatch.setattr(dropout_mask, "prepare_kernel", build)
+    keep, why = cpu_keep_mask(build=False)
+    assert keep is scaled_keep_mask and why == "the compiled module is not built"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_loss_matches_autograd_across_chunk_boundaries(dtype: torch.dtype) -> None:
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from types import ModuleType
 import torch
 
 from nmt_cli.core.dropout import KeepMask, scaled_keep_mask
-from nmt_cli.cpu_decode.build import CompileError, prepare_kernel
+from nmt_cli.cpu_decode.build import CompileError, is_built, prepare_kernel
 
 
 def compiled_keep_mask(kernel: ModuleType) -> KeepMask:
@@ -31,10 +31,16 @@ def compiled_keep_mask(kernel: ModuleType) -> KeepMask:
     return keep_mask
 
 
-def cpu_keep_mask(on_compile: Callable[[], None] = lambda: None) -> tuple[KeepMask, str | None]:
+def cpu_keep_mask(
+    on_compile: Callable[[], None] = lambda: None, build: bool = True
+) -> tuple[KeepMask, str | None]:
     """The compiled mask (built first if need be: `on_compile` is called then), or the
-    reference and the reason the module could not be had."""
+    reference and the reason the module could not be had. `build=False` takes only a
+    module built already: `train()` builds it once, and the layout probe and the ranks
+    after it do not try again where that failed (a failing build can take a minute)."""
     try:
+        if not build and not is_built():
+            return scaled_keep_mask, "the compiled module is not built"
         return compiled_keep_mask(prepare_kernel(on_compile)), None
-    except CompileError as exc:
+    except (CompileError, OSError) as exc:
         return scaled_keep_mask, str(exc)

@@ -102,7 +102,7 @@ class Probe:
     ) -> None:
         torch.manual_seed(0)
         model = Transformer(cfg)
-        model.set_dropout_mask(cpu_keep_mask()[0])  # as training's
+        model.set_dropout_mask(cpu_keep_mask(build=False)[0])  # as training's
         self.objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=False)
         self.whole = collate(src, tgt, indices)
         self.parts = [collate(src, tgt, indices[i::cores]) for i in range(cores)]

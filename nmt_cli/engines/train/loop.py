@@ -197,7 +197,7 @@ class _Trainer:
         self.model = Transformer(self.cfg).to(ctx.device)
         self.model.set_attention_backend(self.choices.attention_backend)
         if ctx.device.type == "cpu":
-            self.model.set_dropout_mask(cpu_keep_mask()[0])
+            self.model.set_dropout_mask(cpu_keep_mask(build=False)[0])  # train() built it
         if resume is not None:
             self.model.load_state_dict(resume.model)
         elif plan.init is not None:  # fine-tuning: its weights, a fresh optimizer and schedule
