@@ -6,8 +6,9 @@ label-smoothed loss, backward, Adam) on length-grouped batches shaped like Multi
 d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512, 2048,
 8 heads, vocabulary 37,000), in fp32 and bf16 autocast, with freed memory kept for the
 next update as `nmt train` keeps it (`--heaps kept,default` also times glibc's own
-heap) and dropout masks from nmt's compiled module as `nmt train` draws them on a CPU
-(`--masks compiled,reference` also times core's reference masks). The matmul peak of
+heap) and dropout's masks and the loss's sweep from nmt's compiled module as `nmt train`
+runs them on a CPU (`--kernels masks+loss,masks,none` also times the update with the
+compiled masks alone and with core's references for both). The matmul peak of
 each precision is measured in the same run (2048^3 products), because this host's speed
 drifts.
 
@@ -19,7 +20,7 @@ cross-entropy, Adam): a ratio measured in the same run.
     .venv/bin/python bench/bench_train.py --models small --precisions fp32,bf16 --reference
     .venv/bin/python bench/bench_train.py --models small --precisions bf16 --ops
     .venv/bin/python bench/bench_train.py --models small --precisions bf16 \
-        --masks reference,compiled,reference,compiled --threads 2
+        --kernels masks,masks+loss,masks,masks+loss --threads 2
 
 `--ops` profiles the update by operation: how much of its time the matrix products take
 and at what rate, which bounds what faster element-wise work could still gain.
@@ -49,7 +50,7 @@ from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
-from nmt_cli.engines.train.dropout_mask import cpu_keep_mask
+from nmt_cli.engines.train.cpu_kernels import CpuKernels, cpu_kernels
 from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.step import Updater
 
@@ -104,19 +105,26 @@ def time_steps(step: object, batches: list[Batch], cfg: ModelConfig, steps: int)
 
 
 def nmt_step(
-    cfg: ModelConfig, precision: str, fused: bool = False, masks: str = "compiled"
+    cfg: ModelConfig, precision: str, fused: bool = False, kernels: str = "masks+loss"
 ) -> Callable[[Batch], None]:
     """The engine's update on one batch; `fused`: the output projection inside the
-    chunked loss (the GPU's choice); `masks`: dropout's from the compiled module, as `nmt
-    train` on a CPU, or "reference" (core's, PyTorch's operations)."""
+    chunked loss (the GPU's choice); `kernels`: which of dropout's masks and the loss's
+    sweep come from the compiled module ("masks+loss", as `nmt train` on a CPU, "masks",
+    "loss"), the others from the core's references ("none": all of them)."""
     torch.manual_seed(0)
     model = Transformer(cfg)
-    if masks == "compiled":
-        keep_mask, why_not = cpu_keep_mask()
+    chosen = set(kernels.split("+")) - {"none"}
+    if not chosen <= {"masks", "loss"}:
+        raise SystemExit(f"--kernels: {kernels!r} names neither masks, loss nor none")
+    compiled, reference = CpuKernels(), CpuKernels()
+    if chosen:
+        compiled, why_not = cpu_kernels()
         if why_not is not None:
-            raise SystemExit(f"the compiled dropout masks cannot be had here: {why_not}")
-        model.set_dropout_mask(keep_mask)
-    objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused)
+            raise SystemExit(f"the compiled kernels cannot be had here: {why_not}")
+    keep_mask = (compiled if "masks" in chosen else reference).keep_mask
+    loss_sweep = (compiled if "loss" in chosen else reference).loss_sweep
+    model.set_dropout_mask(keep_mask)
+    objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused, loss_sweep=loss_sweep)
     updater = Updater(
         objective, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.0, 1
     )
@@ -242,10 +250,11 @@ def main() -> None:
         "time and their rate, and what else it spends time on",
     )
     parser.add_argument(
-        "--masks",
-        default="compiled",
-        help="comma list of 'compiled' (dropout masks from nmt's module, as nmt train on a "
-        "CPU) and 'reference' (core's, PyTorch's operations): each is timed in turn",
+        "--kernels",
+        default="masks+loss",
+        help="comma list of what comes from nmt's compiled module: 'masks+loss' (dropout's "
+        "masks and the loss's sweep, as nmt train on a CPU), 'masks', 'loss' or 'none' "
+        "(core's references, PyTorch's operations): each is timed in turn",
     )
     parser.add_argument(
         "--heaps",
@@ -275,15 +284,15 @@ def main() -> None:
         avg = statistics.mean(b.tgt_tokens for b in batches)
         print(f"\n{name}: {len(batches)} batches of ~{avg:,.0f} target tokens")
         variants = itertools.product(
-            args.precisions.split(","), args.heaps.split(","), args.masks.split(",")
+            args.precisions.split(","), args.heaps.split(","), args.kernels.split(",")
         )
-        for precision, heap, masks in variants:
+        for precision, heap, kernels in variants:
             with reused_heap() if heap == "kept" else contextlib.nullcontext():
-                step = nmt_step(cfg, precision, masks=masks)
+                step = nmt_step(cfg, precision, kernels=kernels)
                 ours = time_steps(step, batches, cfg, args.steps)
                 ops = profile_ops(step, batches) if args.ops else None
             line = (
-                f"  {precision} ({heap} heap, {masks} masks): nmt "
+                f"  {precision} ({heap} heap, compiled {kernels}): nmt "
                 f"{ours.tokens_per_s:8,.0f} tgt tok/s, "
                 f"{ours.flops_per_s / 1e9:6,.0f} GFLOP/s = "
                 f"{ours.flops_per_s / peaks[precision]:5.1%} of the {precision} matmul peak"

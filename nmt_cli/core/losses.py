@@ -20,6 +20,7 @@ are never stored whole (on one H200 the unfused loss took 29% of a base step's G
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -66,11 +67,41 @@ def _sweep(
     return lse, mean, e
 
 
+LossSweep = Callable[
+    [Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor, Tensor, "Tensor | None"]
+]
+"""(logits (N, V), targets (N), token weights (N), eps, want_grad) -> per row logsumexp,
+mean logit and target logit (fp32) and, when asked, the gradient of the weighted smoothed
+loss with respect to the logits, in their dtype. `smoothed_loss_sweep` is the reference;
+training on a CPU passes the compiled module's (engines/train/cpu_kernels.py)."""
+
+
+def smoothed_loss_sweep(
+    logits: Tensor, target: Tensor, weight: Tensor, eps: float, want_grad: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The reference sweep: a few rows at a time, each chunk in cache while PyTorch's
+    operations pass over it."""
+    n = logits.size(0)
+    grad = torch.empty_like(logits) if want_grad else None
+    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+    mean = torch.empty_like(lse)
+    chunk = _chunk_rows(logits)
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        lse[lo:hi], mean[lo:hi], e = _sweep(
+            logits[lo:hi], target[lo:hi], eps, weight[lo:hi], want_grad
+        )
+        if grad is not None and e is not None:
+            grad[lo:hi] = e
+    z_ref = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()
+    return lse, mean, z_ref, grad
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Forward and gradient in one sweep over the logits, a few rows at a time.
+    """Forward and gradient in one sweep over the logits.
 
     The gradient of the summed loss with respect to the logits does not depend on
-    anything downstream but a scalar, so the forward pass computes it while each chunk of
+    anything downstream but a scalar, so the forward pass computes it while each row of
     logits is in cache (one exp per element, shared by the loss and the softmax) and
     keeps it, in the logits' dtype, instead of the logits: the backward pass is then one
     multiplication. Without a gradient (validation) only the loss is computed.
@@ -78,22 +109,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, logits: Tensor, target: Tensor, mask: Tensor, eps: float
+        ctx: Any, logits: Tensor, target: Tensor, mask: Tensor, eps: float, sweep: LossSweep
     ) -> tuple[Tensor, Tensor]:
-        n = logits.size(0)
         want_grad = bool(ctx.needs_input_grad[0])
-        grad = torch.empty_like(logits) if want_grad else None
-        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-        mean = torch.empty_like(lse)
-        chunk = _chunk_rows(logits)
-        for lo in range(0, n, chunk):
-            hi = min(n, lo + chunk)
-            lse[lo:hi], mean[lo:hi], e = _sweep(
-                logits[lo:hi], target[lo:hi], eps, mask[lo:hi], want_grad
-            )
-            if grad is not None and e is not None:
-                grad[lo:hi] = e
-        z_ref = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()
+        lse, mean, z_ref, grad = sweep(logits, target, mask, eps, want_grad)
         loss, nll = _smoothed_sums(lse, mean, z_ref, mask, eps)
         if grad is not None:
             ctx.save_for_backward(grad)
@@ -102,7 +121,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         (grad,) = ctx.saved_tensors
-        return grad * grad_loss, None, None, None  # bf16 result, fp32 scalar
+        return grad * grad_loss, None, None, None, None  # bf16 result, fp32 scalar
 
 
 def _smoothed_sums(
@@ -116,7 +135,11 @@ def _smoothed_sums(
 
 
 def label_smoothed_sums(
-    logits: Tensor, target: Tensor, eps: float, pad_id: int
+    logits: Tensor,
+    target: Tensor,
+    eps: float,
+    pad_id: int,
+    sweep: LossSweep = smoothed_loss_sweep,
 ) -> tuple[Tensor, Tensor]:
     """(smoothed loss sum, nll sum) over non-padding tokens, without a host sync.
 
@@ -126,7 +149,7 @@ def label_smoothed_sums(
     flat_logits = logits.reshape(-1, logits.size(-1))
     flat_target = target.reshape(-1)
     mask = (flat_target != pad_id).to(torch.float32)
-    loss, nll = _SmoothedCrossEntropy.apply(flat_logits, flat_target, mask, float(eps))
+    loss, nll = _SmoothedCrossEntropy.apply(flat_logits, flat_target, mask, float(eps), sweep)
     return loss, nll
 
 

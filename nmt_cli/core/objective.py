@@ -5,8 +5,9 @@ One module because DistributedDataParallel must see every use of a parameter ins
 forward it wraps, and the fused loss uses the tied output projection (section 3.4)
 itself. Two forms of the same arithmetic (`core/losses.py`):
 
-- unfused (CPUs): the model returns logits; the loss sweeps them 64 rows at a time,
-  which stay in the CPU's cache;
+- unfused (CPUs): the model returns logits; the loss sweeps them a row or a few rows
+  at a time, in the CPU's cache (`loss_sweep`: the core's reference, or the compiled
+  module's, which training on a CPU passes);
 - fused projection (GPUs): the model returns its last hidden states; the loss projects
   them a chunk of real tokens at a time, so the (tokens x V) logits, their fp32 copies
   and their gradient are never stored whole, and padding is never projected.
@@ -27,7 +28,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from nmt_cli.core.losses import label_smoothed_sums, projected_label_smoothed_sums
+from nmt_cli.core.losses import (
+    LossSweep,
+    label_smoothed_sums,
+    projected_label_smoothed_sums,
+    smoothed_loss_sweep,
+)
 from nmt_cli.core.transformer import Transformer
 
 
@@ -41,12 +47,14 @@ class TrainingObjective(nn.Module):
         pad_id: int,
         fused_projection: bool,
         compile_backend: str | None = None,
+        loss_sweep: LossSweep = smoothed_loss_sweep,
     ) -> None:
         super().__init__()
         self.model = model
         self.eps = label_smoothing
         self.pad_id = pad_id
         self.fused_projection = fused_projection
+        self.loss_sweep = loss_sweep
         self.compiled = compile_backend is not None
         # A plain function, not a registered module: the parameters stay the model's.
         self._forward: Callable[..., Tensor] = (
@@ -77,7 +85,7 @@ class TrainingObjective(nn.Module):
                 hidden, self.model.output_weight, tgt_out, self.eps, self.pad_id, tokens
             )
         logits = self._run(src, tgt_in, project=True)
-        return label_smoothed_sums(logits, tgt_out, self.eps, self.pad_id)
+        return label_smoothed_sums(logits, tgt_out, self.eps, self.pad_id, self.loss_sweep)
 
 
 def _separate_size_symbols() -> contextlib.AbstractContextManager[Any]:

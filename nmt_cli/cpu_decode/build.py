@@ -4,7 +4,9 @@ The module holds the decoder step as one C++ call (csrc/decoder_step.cpp, used b
 cpu_decode/step.py) and the kernels both steps use: bf16 and int8 products for the few
 rows of a step (csrc/bf16_linear.cpp, csrc/int8_linear.cpp, through cpu_decode/linear.py),
 attention over the SlotCache (csrc/attention.cpp), a log-softmax (csrc/log_softmax.cpp)
-and beam search's bookkeeping with its one-pass candidate selection (csrc/beam_topk.cpp).
+and beam search's bookkeeping with its one-pass candidate selection (csrc/beam_topk.cpp);
+and, for training on a CPU, dropout's masks (csrc/dropout_mask.cpp) and the smoothed
+loss's sweep over the logits (csrc/smoothed_loss.cpp), through engines/train/cpu_kernels.py.
 
 It is built with PyTorch's extension builder (a C++ compiler and ninja) once per source
 text, source directory and PyTorch version, into a per-user cache
@@ -36,6 +38,7 @@ _NAMES = (
     "log_softmax",
     "attention",
     "dropout_mask",
+    "smoothed_loss",
 )
 SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
 HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles", "simd_exp")]

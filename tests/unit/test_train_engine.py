@@ -253,30 +253,68 @@ def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
     assert result.final_dev_loss is not None and math.isfinite(result.final_dev_loss)
 
 
-def test_without_the_compiled_module_dropout_keeps_pytorchs_masks_and_says_so(
+def test_without_the_compiled_module_training_keeps_pytorchs_masks_and_loss_and_says_so(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nmt_cli.core import dropout as dropout_module
+    from nmt_cli.core.dropout import scaled_keep_mask
+    from nmt_cli.core.losses import smoothed_loss_sweep
     from nmt_cli.cpu_decode.build import CompileError
-    from nmt_cli.engines.train import dropout_mask
+    from nmt_cli.engines.train import cpu_kernels
 
     def no_compiler(on_compile: Any = None) -> Any:
         raise CompileError("no C++ compiler (c++) on PATH")
 
-    monkeypatch.setattr(dropout_mask, "prepare_kernel", no_compiler)
+    monkeypatch.setattr(cpu_kernels, "prepare_kernel", no_compiler)
     drawn: list[tuple[int, ...]] = []
-    reference = dropout_module.scaled_keep_mask
+    swept: list[bool] = []
 
-    def counted(like: torch.Tensor, p: float) -> torch.Tensor:
+    def counted_mask(like: torch.Tensor, p: float) -> torch.Tensor:
         drawn.append(tuple(like.shape))
-        return reference(like, p)
+        return scaled_keep_mask(like, p)
 
-    monkeypatch.setattr(dropout_mask, "scaled_keep_mask", counted)
+    def counted_sweep(*args: Any) -> Any:
+        swept.append(args[-1])  # want_grad: training's sweeps, then validation's
+        return smoothed_loss_sweep(*args)
+
+    references = cpu_kernels.CpuKernels(counted_mask, counted_sweep)
+    monkeypatch.setattr(cpu_kernels, "CpuKernels", lambda: references)
     events: list[TrainEvent] = []
     result = train(tiny_recipe(data, tmp_path / "run"), on_event=events.append)
     notices = [e.text for e in events if isinstance(e, Notice)]
-    assert "dropout masks from PyTorch's operations: no C++ compiler (c++) on PATH" in notices
+    message = "dropout masks and the loss from PyTorch's operations: no C++ compiler (c++) on PATH"
+    assert message in notices
     assert result.steps == 6 and drawn  # the reference drew every mask
+    assert True in swept and False in swept  # and swept training's and validation's losses
+
+
+def test_training_on_a_cpu_takes_its_masks_and_loss_from_the_compiled_module(
+    kernel: Any, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nmt_cli.engines.train import cpu_kernels
+
+    used: list[str] = []
+
+    def counted(make: Any, name: str) -> Any:
+        def wrap(module: Any) -> Any:
+            inner = make(module)
+
+            def call(*args: Any) -> Any:
+                used.append(name)
+                return inner(*args)
+
+            return call
+
+        return wrap
+
+    for make, name in (
+        (cpu_kernels.compiled_keep_mask, "mask"),
+        (cpu_kernels.compiled_loss_sweep, "loss"),
+    ):
+        monkeypatch.setattr(cpu_kernels, make.__name__, counted(make, name))
+    events: list[TrainEvent] = []
+    result = train(tiny_recipe(data, tmp_path / "run"), on_event=events.append)
+    assert result.steps == 6 and {"mask", "loss"} <= set(used)
+    assert not any("PyTorch's operations" in e.text for e in events if isinstance(e, Notice))
 
 
 def test_tensorboard_missing_is_a_notice_only_when_asked_for(

@@ -18,6 +18,7 @@
 #include "dropout_mask.h"
 #include "int8_linear.h"
 #include "log_softmax.h"
+#include "smoothed_loss.h"
 
 #include <algorithm>
 #include <cmath>
@@ -360,4 +361,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_prefix", &nmt::attend_prefix);
   m.def("attend_memory", &nmt::attend_memory);
   m.def("scaled_keep_mask", &nmt::scaled_keep_mask);
+  m.def("smoothed_loss_sweep", &nmt::smoothed_loss_sweep);
 }

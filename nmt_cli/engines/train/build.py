@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
 from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
@@ -34,7 +35,11 @@ def check_positions(cfg: ModelConfig, src_lengths: np.ndarray, tgt_lengths: np.n
 
 
 def training_objective(
-    model: Transformer, label_smoothing: float, choices: DeviceChoices, ctx: DistContext
+    model: Transformer,
+    label_smoothing: float,
+    choices: DeviceChoices,
+    ctx: DistContext,
+    loss_sweep: LossSweep = smoothed_loss_sweep,
 ) -> torch.nn.Module:
     """Model and loss as one module (compiled where that pays), DDP-wrapped on many ranks."""
     objective: torch.nn.Module = TrainingObjective(
@@ -43,6 +48,7 @@ def training_objective(
         PAD_ID,
         fused_projection=choices.fused_projection,
         compile_backend=COMPILE_BACKEND if choices.compile_model else None,
+        loss_sweep=loss_sweep,
     )
     if ctx.distributed:
         objective = DistributedDataParallel(

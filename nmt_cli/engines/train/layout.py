@@ -40,7 +40,7 @@ from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.precision import autocast, resolve_precision
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import PAD_ID
-from nmt_cli.engines.train.dropout_mask import cpu_keep_mask
+from nmt_cli.engines.train.cpu_kernels import cpu_kernels
 from nmt_cli.engines.train.feed import derive_split
 from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.plan import TrainPlan
@@ -102,8 +102,11 @@ class Probe:
     ) -> None:
         torch.manual_seed(0)
         model = Transformer(cfg)
-        model.set_dropout_mask(cpu_keep_mask(build=False)[0])  # as training's
-        self.objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=False)
+        kernels = cpu_kernels(build=False)[0]  # as training's
+        model.set_dropout_mask(kernels.keep_mask)
+        self.objective = TrainingObjective(
+            model, 0.1, PAD_ID, fused_projection=False, loss_sweep=kernels.loss_sweep
+        )
         self.whole = collate(src, tgt, indices)
         self.parts = [collate(src, tgt, indices[i::cores]) for i in range(cores)]
         self.cores, self.precision = cores, precision

@@ -45,6 +45,7 @@ from nmt_cli.engines.train.checkpoints import (
     restore_train_state,
     train_state,
 )
+from nmt_cli.engines.train.cpu_kernels import CpuKernels, cpu_kernels
 from nmt_cli.engines.train.data_record import data_record, reconcile
 from nmt_cli.engines.train.device_choices import announcement, choose
 from nmt_cli.engines.train.distributed import (
@@ -54,7 +55,6 @@ from nmt_cli.engines.train.distributed import (
     launch,
     under_torchrun,
 )
-from nmt_cli.engines.train.dropout_mask import cpu_keep_mask
 from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
 from nmt_cli.engines.train.heap import reused_heap
@@ -124,7 +124,9 @@ def train(
         if options.gpus == 0:  # built once here, before the layout probe and the ranks
             why_not = _build_cpu_kernels(on_event if is_rank0 else None)
             if why_not is not None:
-                notices.append(Notice(f"dropout masks from PyTorch's operations: {why_not}"))
+                notices.append(
+                    Notice(f"dropout masks and the loss from PyTorch's operations: {why_not}")
+                )
         procs = options.procs
         if procs is None:
             procs = 1
@@ -154,7 +156,7 @@ def _build_cpu_kernels(on_event: EventSink | None) -> str | None:
         if on_event is not None:
             on_event(Notice("building the CPU kernels (once per machine, about a minute)"))
 
-    return cpu_keep_mask(on_compile)[1]
+    return cpu_kernels(on_compile)[1]
 
 
 class _Trainer:
@@ -196,8 +198,8 @@ class _Trainer:
         torch.manual_seed(tc.seed)
         self.model = Transformer(self.cfg).to(ctx.device)
         self.model.set_attention_backend(self.choices.attention_backend)
-        if ctx.device.type == "cpu":
-            self.model.set_dropout_mask(cpu_keep_mask(build=False)[0])  # train() built it
+        kernels = cpu_kernels(build=False)[0] if ctx.device.type == "cpu" else CpuKernels()
+        self.model.set_dropout_mask(kernels.keep_mask)  # train() built the module
         if resume is not None:
             self.model.load_state_dict(resume.model)
         elif plan.init is not None:  # fine-tuning: its weights, a fresh optimizer and schedule
@@ -209,7 +211,9 @@ class _Trainer:
         self.optimizer = paper_adam(
             self.model.parameters(), (tc.adam_beta1, tc.adam_beta2), tc.adam_eps
         )
-        objective = training_objective(self.model, tc.label_smoothing, self.choices, ctx)
+        objective = training_objective(
+            self.model, tc.label_smoothing, self.choices, ctx, kernels.loss_sweep
+        )
         self.updater = Updater(
             objective, self.optimizer, self.precision, ctx.device, tc.clip_norm, ctx.world
         )
@@ -235,6 +239,7 @@ class _Trainer:
                 self.split,
                 multiple,
                 ctx,
+                kernels.loss_sweep,
             )
             if "valid" in self.data.splits
             else None

@@ -21,6 +21,7 @@ from nmt_cli.config import DecodeConfig, RecipeConfig
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches, pad_sources
 from nmt_cli.core.data import TokenStore
 from nmt_cli.core.eval_mode import evaluating
+from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sweep
 from nmt_cli.core.precision import autocast
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import PAD_ID, VocabPair
@@ -82,10 +83,10 @@ def dev_loss(
     precision: str,
     device: torch.device,
     all_sum: Callable[[list[float]], list[float]] = list,
+    loss_sweep: LossSweep = smoothed_loss_sweep,
 ) -> tuple[float, float]:
     """(smoothed loss, nll) per target token over the whole dev set; `all_sum` adds the
-    sums of every rank's share (DistContext.all_sum)."""
-    from nmt_cli.core.losses import label_smoothed_sums
+    sums of every rank's share (DistContext.all_sum); `loss_sweep` as training's."""
 
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     nll_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -95,7 +96,9 @@ def dev_loss(
             b = batch.to(device)
             with autocast(precision, device):
                 logits = model(b.src, b.tgt_in)
-                loss, nll = label_smoothed_sums(logits, b.tgt_out, label_smoothing, PAD_ID)
+                loss, nll = label_smoothed_sums(
+                    logits, b.tgt_out, label_smoothing, PAD_ID, loss_sweep
+                )
             loss_sum += loss.double()
             nll_sum += nll.double()
             tokens += b.tgt_tokens
@@ -158,8 +161,10 @@ class Validator:
         split: BatchSplit,
         multiple: int = 1,
         ctx: DistContext | None = None,
+        loss_sweep: LossSweep = smoothed_loss_sweep,
     ) -> None:
         self.model, self.data, self.recipe = model, data, recipe
+        self.loss_sweep = loss_sweep
         self.precision, self.device = precision, device
         self.ctx = ctx or DistContext(0, 1, 0, device)
         self.dev = DevSet(
@@ -181,6 +186,7 @@ class Validator:
             self.precision,
             self.device,
             self.ctx.all_sum,
+            self.loss_sweep,
         )
         bleu = None
         if tc.validate_bleu_sentences > 0 and self.ctx.is_main:

@@ -1,0 +1,215 @@
+// Label-smoothed cross-entropy over the logits on a CPU, one row at a time in three
+// passes (core/losses.py has the reference, and the algebra).
+//
+// The reference sweeps 64 rows at a time through a dozen PyTorch operations (a float32
+// copy, mean, max, subtraction, exp, sum, log, division, the target's correction, the
+// padding mask, the cast back), each a pass over the chunk: on the Multi30k recipe's
+// model (8,000 words) that is about a fifth of a bf16 update. Here each row is read
+// twice (its maximum and sum, then exp(x - max) and its sum, kept in a float32 row
+// buffer) and its gradient written once, in the logits' dtype, rounded to nearest even
+// as PyTorch casts. The exponential is the polynomial the decoding kernels use (about
+// 2 ulp), so results differ from the reference's in the last bits.
+
+#include "smoothed_loss.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__)
+#include "simd_exp.h"
+#endif
+
+namespace nmt {
+namespace {
+
+struct RowSums {
+  float lse;
+  float mean;
+  float sum;  // of exp(x - max)
+};
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+inline void narrow(float x, float* out) { *out = x; }
+inline void narrow(float x, uint16_t* out) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if (std::isnan(x)) {
+    *out = 0x7FC0;
+    return;
+  }
+  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  *out = static_cast<uint16_t>(bits >> 16);
+}
+
+// Any CPU: plain loops.
+template <typename T>
+RowSums row_scalar(const T* x, int64_t n, float* e, T* grad, float scale, float offset) {
+  float max = -INFINITY, total = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = widen(x[i]);
+    max = std::max(max, v);
+    total += v;
+  }
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    e[i] = std::exp(widen(x[i]) - max);
+    sum += e[i];
+  }
+  if (grad != nullptr) {
+    const float inv = scale / sum;
+    for (int64_t i = 0; i < n; ++i) narrow(e[i] * inv - offset, grad + i);
+  }
+  return {max + std::log(sum), total / static_cast<float>(n), sum};
+}
+
+#if defined(__x86_64__)
+#define NMT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+NMT_AVX512 inline __m512 load(const float* p, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+
+NMT_AVX512 inline __m512 load(const uint16_t* p, __mmask16 mask) {
+  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+}
+
+NMT_AVX512 inline void store(float* p, __mmask16 mask, __m512 v) {
+  _mm512_mask_storeu_ps(p, mask, v);
+}
+
+NMT_AVX512 inline void store(uint16_t* p, __mmask16 mask, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC00000));
+  _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+// AVX-512: sixteen lanes at a time; the tail under a lane mask.
+template <typename T>
+NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float scale,
+                              float offset) {
+  constexpr int64_t kLanes = 16;
+  __m512 vmax = _mm512_set1_ps(-INFINITY), vtotal = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = simd::first_lanes(n - i);
+    const __m512 v = load(x + i, mask);
+    vmax = _mm512_mask_max_ps(vmax, mask, vmax, v);
+    vtotal = _mm512_add_ps(vtotal, v);
+  }
+  const float max = _mm512_reduce_max_ps(vmax);
+  const __m512 shift = _mm512_set1_ps(max);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 mask = simd::first_lanes(n - i);
+    const __m512 ex =
+        _mm512_maskz_mov_ps(mask, simd::exp_nonpositive(_mm512_sub_ps(load(x + i, mask), shift)));
+    vsum = _mm512_add_ps(vsum, ex);
+    _mm512_mask_storeu_ps(e + i, mask, ex);
+  }
+  const float sum = _mm512_reduce_add_ps(vsum);
+  if (grad != nullptr) {
+    const __m512 inv = _mm512_set1_ps(scale / sum), off = _mm512_set1_ps(offset);
+    for (int64_t i = 0; i < n; i += kLanes) {
+      const __mmask16 mask = simd::first_lanes(n - i);
+      store(grad + i, mask, _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, e + i), inv, off));
+    }
+  }
+  return {max + std::log(sum), _mm512_reduce_add_ps(vtotal) / static_cast<float>(n), sum};
+}
+#endif
+
+template <typename T>
+void sweep(const T* logits, const int64_t* target, const float* weight, int64_t rows,
+           int64_t n, float eps, T* grad, float* lse, float* mean, float* ref) {
+#if defined(__x86_64__)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+#else
+  const bool avx512 = false;
+#endif
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, n));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> e(static_cast<size_t>(n));
+    for (int64_t r = begin; r < end; ++r) {
+      const T* x = logits + r * n;
+      T* g = grad == nullptr ? nullptr : grad + r * n;
+      const int64_t t = target[r];
+      const float w = weight[r];
+      // The gradient is w * (softmax - eps / V) everywhere, less w * (1 - eps) at the
+      // target: the passes write the first, the target's element is corrected after.
+      const float offset = w * eps / static_cast<float>(n);
+#if defined(__x86_64__)
+      const RowSums sums = avx512 ? row_avx512(x, n, e.data(), g, w, offset)
+                                  : row_scalar(x, n, e.data(), g, w, offset);
+#else
+      const RowSums sums = row_scalar(x, n, e.data(), g, w, offset);
+#endif
+      lse[r] = sums.lse;
+      mean[r] = sums.mean;
+      ref[r] = widen(x[t]);
+      if (g != nullptr) {
+        narrow(w * (e[t] / sums.sum - eps / static_cast<float>(n) - (1.0f - eps)), g + t);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> smoothed_loss_sweep(
+    const at::Tensor& logits, const at::Tensor& target, const at::Tensor& weight, double eps,
+    bool want_grad) {
+  RECORD_FUNCTION("nmt::smoothed_loss_sweep", std::vector<c10::IValue>());
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.is_contiguous(),
+              "smoothed_loss_sweep: contiguous (N, V) CPU logits are needed");
+  const auto dtype = logits.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "smoothed_loss_sweep: float32 or bfloat16 logits are needed, got ", dtype);
+  const int64_t rows = logits.size(0), n = logits.size(1);
+  TORCH_CHECK(target.scalar_type() == at::kLong && target.numel() == rows &&
+                  target.is_contiguous(),
+              "smoothed_loss_sweep: (N) int64 targets are needed");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.numel() == rows &&
+                  weight.is_contiguous(),
+              "smoothed_loss_sweep: (N) float32 weights are needed");
+  TORCH_CHECK(n > 0, "smoothed_loss_sweep: an empty vocabulary");
+  const int64_t* t = target.const_data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(t[r] >= 0 && t[r] < n, "smoothed_loss_sweep: target ", t[r],
+                " is outside the vocabulary of ", n);
+  }
+  const auto f32 = logits.options().dtype(at::kFloat);
+  at::Tensor lse = at::empty({rows}, f32), mean = at::empty({rows}, f32),
+             ref = at::empty({rows}, f32);
+  at::Tensor grad = want_grad ? at::empty({rows, n}, logits.options()) : at::Tensor();
+  const float* w = weight.const_data_ptr<float>();
+  const auto e = static_cast<float>(eps);
+  if (dtype == at::kFloat) {
+    sweep(logits.const_data_ptr<float>(), t, w, rows, n, e,
+          want_grad ? grad.data_ptr<float>() : nullptr, lse.data_ptr<float>(),
+          mean.data_ptr<float>(), ref.data_ptr<float>());
+  } else {
+    sweep(reinterpret_cast<const uint16_t*>(logits.const_data_ptr()), t, w, rows, n, e,
+          want_grad ? reinterpret_cast<uint16_t*>(grad.data_ptr()) : nullptr,
+          lse.data_ptr<float>(), mean.data_ptr<float>(), ref.data_ptr<float>());
+  }
+  return {lse, mean, ref, grad};
+}
+
+}  // namespace nmt
