@@ -20,10 +20,13 @@ cross-entropy, Adam): a ratio measured in the same run.
     .venv/bin/python bench/bench_train.py --models small --precisions fp32,bf16 --reference
     .venv/bin/python bench/bench_train.py --models small --precisions bf16 --ops
     .venv/bin/python bench/bench_train.py --models small --precisions bf16 \
-        --kernels masks,masks+loss,masks,masks+loss --threads 2
+        --kernels masks,masks+loss --alternate --steps 6 --threads 2
 
-`--ops` profiles the update by operation: how much of its time the matrix products take
-and at what rate, which bounds what faster element-wise work could still gain.
+`--alternate` times the `--kernels` variants batch by batch in turn in one process and
+pairs their times: the way to see a few percent on a host whose speed drifts more than
+that between runs. `--ops` profiles the update by operation: how much of its time the
+matrix products take and at what rate, which bounds what faster element-wise work could
+still gain.
 """
 
 from __future__ import annotations
@@ -133,6 +136,34 @@ def nmt_step(
         updater.update([(batch, 1.0)], batch.tgt_tokens, 1e-4, [0])
 
     return run
+
+
+def alternate(steps: dict[str, Callable[[Batch], None]], batches: list[Batch], rounds: int) -> str:
+    """The variants in turn on each batch (the order reversed every other round), so a
+    drift of the host's speed falls on all of them alike: each variant's median rate, and
+    the first variant's time over each other's, paired batch by batch."""
+    names = list(steps)
+    for name in names:
+        for batch in batches[:2]:
+            steps[name](batch)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for batch in batches:
+            for name in names if r % 2 == 0 else reversed(names):
+                t = time.perf_counter()
+                steps[name](batch)
+                seconds[name].append(time.perf_counter() - t)
+                rates[name].append(batch.tgt_tokens / seconds[name][-1])
+    first = names[0]
+    lines = [f"    {n}: median {statistics.median(rates[n]):,.0f} tgt tok/s" for n in names]
+    for name in names[1:]:
+        paired = [a / b for a, b in zip(seconds[first], seconds[name], strict=True)]
+        lines.append(
+            f"    {name} against {first}, paired over {len(paired)} updates: median "
+            f"{statistics.median(paired):.3f}x, mean {statistics.mean(paired):.3f}x"
+        )
+    return "\n".join(lines)
 
 
 MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
@@ -257,6 +288,12 @@ def main() -> None:
         "(core's references, PyTorch's operations): each is timed in turn",
     )
     parser.add_argument(
+        "--alternate",
+        action="store_true",
+        help="time the --kernels variants batch by batch in turn in one process (--steps "
+        "rounds over the batches) and pair them, instead of one after the other",
+    )
+    parser.add_argument(
         "--heaps",
         default="kept",
         help="comma list of 'kept' (freed memory kept, as nmt train runs) and 'default' "
@@ -283,6 +320,17 @@ def main() -> None:
         batches = multi30k_like_batches(cfg.tgt_vocab_size, args.max_tokens, count=6)
         avg = statistics.mean(b.tgt_tokens for b in batches)
         print(f"\n{name}: {len(batches)} batches of ~{avg:,.0f} target tokens")
+        if args.alternate:
+            for precision, heap in itertools.product(
+                args.precisions.split(","), args.heaps.split(",")
+            ):
+                with reused_heap() if heap == "kept" else contextlib.nullcontext():
+                    steps = {
+                        k: nmt_step(cfg, precision, kernels=k) for k in args.kernels.split(",")
+                    }
+                    print(f"  {precision} ({heap} heap), compiled kernels alternated:")
+                    print(alternate(steps, batches, args.steps), flush=True)
+            continue
         variants = itertools.product(
             args.precisions.split(","), args.heaps.split(","), args.kernels.split(",")
         )
