@@ -41,7 +41,7 @@ _NAMES = (
     "smoothed_loss",
 )
 SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
-HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles", "simd_exp")]
+HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles", "simd_exp", "simd_lanes")]
 
 
 # OpenMP: `at::parallel_for` in the kernels runs on PyTorch's own OpenMP threads (its

@@ -27,35 +27,17 @@
 
 #if defined(__x86_64__)
 #include "simd_exp.h"
+#include "simd_lanes.h"
 
 namespace nmt {
 namespace {
 
 using simd::exp_nonpositive;
 using simd::first_lanes;
+using simd::load;
+using simd::store;
 
 #define NMT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
-
-NMT_AVX512 inline __m512 load(const float* p, __mmask16 mask) {
-  return _mm512_maskz_loadu_ps(mask, p);
-}
-
-NMT_AVX512 inline __m512 load(const uint16_t* p, __mmask16 mask) {
-  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
-}
-
-NMT_AVX512 inline void store(float* p, __m512 x, __mmask16 mask) {
-  _mm512_mask_storeu_ps(p, mask, x);
-}
-
-// Round to nearest even, as PyTorch's float -> bf16 (inputs here are finite).
-NMT_AVX512 inline void store(uint16_t* p, __m512 x, __mmask16 mask) {
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd);
-  _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-}
 
 // Where row r's keys/values of step s are: the index of their (h * d) row in the storage.
 // The prefix storage is slot-major, (W, T, h, d): a row whose ancestors stayed in one

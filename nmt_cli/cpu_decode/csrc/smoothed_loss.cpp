@@ -23,6 +23,7 @@
 
 #if defined(__x86_64__)
 #include "simd_exp.h"
+#include "simd_lanes.h"
 #endif
 
 namespace nmt {
@@ -78,28 +79,6 @@ RowSums row_scalar(const T* x, int64_t n, float* e, T* grad, float scale, float 
 #if defined(__x86_64__)
 #define NMT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-NMT_AVX512 inline __m512 load(const float* p, __mmask16 mask) {
-  return _mm512_maskz_loadu_ps(mask, p);
-}
-
-NMT_AVX512 inline __m512 load(const uint16_t* p, __mmask16 mask) {
-  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
-}
-
-NMT_AVX512 inline void store(float* p, __mmask16 mask, __m512 v) {
-  _mm512_mask_storeu_ps(p, mask, v);
-}
-
-NMT_AVX512 inline void store(uint16_t* p, __mmask16 mask, __m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC00000));
-  _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-}
-
 // AVX-512: sixteen lanes at a time; the tail under a lane mask.
 template <typename T>
 NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float scale,
@@ -108,7 +87,7 @@ NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float sc
   __m512 vmax = _mm512_set1_ps(-INFINITY), vtotal = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 mask = simd::first_lanes(n - i);
-    const __m512 v = load(x + i, mask);
+    const __m512 v = simd::load(x + i, mask);
     vmax = _mm512_mask_max_ps(vmax, mask, vmax, v);
     vtotal = _mm512_add_ps(vtotal, v);
   }
@@ -118,7 +97,7 @@ NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float sc
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 mask = simd::first_lanes(n - i);
     const __m512 ex =
-        _mm512_maskz_mov_ps(mask, simd::exp_nonpositive(_mm512_sub_ps(load(x + i, mask), shift)));
+        _mm512_maskz_mov_ps(mask, simd::exp_nonpositive(_mm512_sub_ps(simd::load(x + i, mask), shift)));
     vsum = _mm512_add_ps(vsum, ex);
     _mm512_mask_storeu_ps(e + i, mask, ex);
   }
@@ -127,7 +106,7 @@ NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float sc
     const __m512 inv = _mm512_set1_ps(scale / sum), off = _mm512_set1_ps(offset);
     for (int64_t i = 0; i < n; i += kLanes) {
       const __mmask16 mask = simd::first_lanes(n - i);
-      store(grad + i, mask, _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, e + i), inv, off));
+      simd::store(grad + i, _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, e + i), inv, off), mask);
     }
   }
   return {max + std::log(sum), _mm512_reduce_add_ps(vtotal) / static_cast<float>(n), sum};
