@@ -96,8 +96,8 @@ NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float sc
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 mask = simd::first_lanes(n - i);
-    const __m512 ex =
-        _mm512_maskz_mov_ps(mask, simd::exp_nonpositive(_mm512_sub_ps(simd::load(x + i, mask), shift)));
+    const __m512 shifted = _mm512_sub_ps(simd::load(x + i, mask), shift);
+    const __m512 ex = _mm512_maskz_mov_ps(mask, simd::exp_nonpositive(shifted));
     vsum = _mm512_add_ps(vsum, ex);
     _mm512_mask_storeu_ps(e + i, mask, ex);
   }
@@ -106,7 +106,8 @@ NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float sc
     const __m512 inv = _mm512_set1_ps(scale / sum), off = _mm512_set1_ps(offset);
     for (int64_t i = 0; i < n; i += kLanes) {
       const __mmask16 mask = simd::first_lanes(n - i);
-      simd::store(grad + i, _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, e + i), inv, off), mask);
+      const __m512 g = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, e + i), inv, off);
+      simd::store(grad + i, g, mask);
     }
   }
   return {max + std::log(sum), _mm512_reduce_add_ps(vtotal) / static_cast<float>(n), sum};
