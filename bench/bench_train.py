@@ -119,7 +119,7 @@ def nmt_step(
     chosen = set(kernels.split("+")) - {"none"}
     if not chosen <= {"masks", "loss"}:
         raise SystemExit(f"--kernels: {kernels!r} names neither masks, loss nor none")
-    compiled, reference = CpuKernels(), CpuKernels()
+    reference = compiled = CpuKernels()
     if chosen:
         compiled, why_not = cpu_kernels()
         if why_not is not None:

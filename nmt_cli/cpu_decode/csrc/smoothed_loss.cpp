@@ -14,11 +14,11 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -35,25 +35,14 @@ struct RowSums {
   float sum;  // of exp(x - max)
 };
 
+// Scalar float32/bf16 conversions: PyTorch's own (bf16 narrowed to nearest even).
 inline float widen(float x) { return x; }
 inline float widen(uint16_t x) {
-  const uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
+  return static_cast<float>(c10::BFloat16(x, c10::BFloat16::from_bits()));
 }
 
 inline void narrow(float x, float* out) { *out = x; }
-inline void narrow(float x, uint16_t* out) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if (std::isnan(x)) {
-    *out = 0x7FC0;
-    return;
-  }
-  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-  *out = static_cast<uint16_t>(bits >> 16);
-}
+inline void narrow(float x, uint16_t* out) { *out = c10::BFloat16(x).x; }
 
 // Any CPU: plain loops.
 template <typename T>
