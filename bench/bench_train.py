@@ -6,11 +6,11 @@ label-smoothed loss, backward, Adam) on length-grouped batches shaped like Multi
 d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512, 2048,
 8 heads, vocabulary 37,000), in fp32 and bf16 autocast, with freed memory kept for the
 next update as `nmt train` keeps it (`--heaps kept,default` also times glibc's own
-heap) and dropout's masks and the loss's sweep from nmt's compiled module as `nmt train`
-runs them on a CPU (`--kernels masks+loss,masks,none` also times the update with the
-compiled masks alone and with core's references for both). The matmul peak of
-each precision is measured in the same run (2048^3 products), because this host's speed
-drifts.
+heap) and dropout's masks, the loss's sweep and attention from nmt's compiled module as
+`nmt train` runs them on a CPU (`--kernels masks+loss+attention,masks+loss,none` also
+times the update with the reference attention and with core's references for all
+three). The matmul peak of each precision is measured in the same run (2048^3 products),
+because this host's speed drifts.
 
 No peer figure written down earlier is divided by: this host drifts 20-40%, so a ratio
 counts only within one run. With --reference it times, on the same batches, the naive
@@ -20,7 +20,7 @@ cross-entropy, Adam): a ratio measured in the same run.
     .venv/bin/python bench/bench_train.py --models small --precisions fp32,bf16 --reference
     .venv/bin/python bench/bench_train.py --models small --precisions bf16 --ops
     .venv/bin/python bench/bench_train.py --models small --precisions bf16 \
-        --kernels masks,masks+loss --alternate --steps 6 --threads 2
+        --kernels masks+loss,masks+loss+attention --alternate --steps 6 --threads 2
 
 `--alternate` times the `--kernels` variants batch by batch in turn in one process and
 pairs their times: the way to see a few percent on a host whose speed drifts more than
@@ -68,6 +68,9 @@ MODELS = {
 PRECISIONS = (("fp32", torch.float32), ("bf16", torch.bfloat16))
 
 
+ALL_KERNELS = "masks+loss+attention"
+
+
 def multi30k_like_batches(vocab: int, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
     """Length-grouped batches of synthetic sentences with Multi30k's length profile."""
     rng = np.random.default_rng(seed)
@@ -108,17 +111,18 @@ def time_steps(step: object, batches: list[Batch], cfg: ModelConfig, steps: int)
 
 
 def nmt_step(
-    cfg: ModelConfig, precision: str, fused: bool = False, kernels: str = "masks+loss"
+    cfg: ModelConfig, precision: str, fused: bool = False, kernels: str = ALL_KERNELS
 ) -> Callable[[Batch], None]:
     """The engine's update on one batch; `fused`: the output projection inside the
-    chunked loss (the GPU's choice); `kernels`: which of dropout's masks and the loss's
-    sweep come from the compiled module ("masks+loss", as `nmt train` on a CPU, "masks",
-    "loss"), the others from the core's references ("none": all of them)."""
+    chunked loss (the GPU's choice); `kernels`: which of dropout's masks, the loss's
+    sweep and attention come from the compiled module ("masks+loss+attention", as
+    `nmt train` on a CPU, or any of them joined by "+"), the others from the core's
+    references ("none": all of them)."""
     torch.manual_seed(0)
     model = Transformer(cfg)
     chosen = set(kernels.split("+")) - {"none"}
-    if not chosen <= {"masks", "loss"}:
-        raise SystemExit(f"--kernels: {kernels!r} names neither masks, loss nor none")
+    if not chosen <= set(ALL_KERNELS.split("+")):
+        raise SystemExit(f"--kernels: {kernels!r} names other than masks, loss, attention, none")
     reference = compiled = CpuKernels()
     if chosen:
         compiled, why_not = cpu_kernels()
@@ -127,6 +131,7 @@ def nmt_step(
     keep_mask = (compiled if "masks" in chosen else reference).keep_mask
     loss_sweep = (compiled if "loss" in chosen else reference).loss_sweep
     model.set_dropout_mask(keep_mask)
+    model.set_cpu_attention((compiled if "attention" in chosen else reference).attention)
     objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused, loss_sweep=loss_sweep)
     updater = Updater(
         objective, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.0, 1
@@ -282,10 +287,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--kernels",
-        default="masks+loss",
-        help="comma list of what comes from nmt's compiled module: 'masks+loss' (dropout's "
-        "masks and the loss's sweep, as nmt train on a CPU), 'masks', 'loss' or 'none' "
-        "(core's references, PyTorch's operations): each is timed in turn",
+        default=ALL_KERNELS,
+        help="comma list of what comes from nmt's compiled module, each 'none' (core's "
+        "references, PyTorch's operations) or some of masks, loss and attention joined by "
+        f"'+' ({ALL_KERNELS!r}, as nmt train on a CPU): each is timed in turn",
     )
     parser.add_argument(
         "--alternate",

@@ -37,6 +37,11 @@ from nmt_cli.core.local_attention import band_mask, blocked_attention, scored_ke
 from nmt_cli.core.model_config import Activation, ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
 from nmt_cli.core.step_linear import linear, linear_add, linear_relu
+from nmt_cli.core.written_attention import (
+    TrainingAttention,
+    explicit_attention,
+    written_out_attention,
+)
 
 __all__ = ["ModelConfig", "PositionKind", "Transformer", "count_parameters"]
 
@@ -126,6 +131,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout_p = cfg.attention_dropout
         # Which SDPA kernels may run on a GPU (core/attention_kernels.py); not part of the weights.
         self.backend: AttentionBackend = "auto"
+        # Training's attention on a CPU, the reference or a compiled one; not part of the weights.
+        self.cpu_attention: TrainingAttention = written_out_attention
         # Restricted self-attention (core/local_attention.py); cross-attention stays full.
         self.window = cfg.attention_window if self_attention else 0
 
@@ -164,12 +171,14 @@ class MultiHeadAttention(nn.Module):
         if blocked:
             ctx = blocked_attention(q, k, v, self.window, causal, key_mask, dropout_p, self.backend)
         elif need_weights:
-            ctx, weights = self._explicit(q, k, v, key_mask, causal, dropout_p)
+            ctx, weights = explicit_attention(q, k, v, key_mask, causal, dropout_p, self.training)
         elif self.training and q.device.type == "cpu":
             # Training on a CPU with sentence-length sequences: the fused kernel's backward
-            # pass is 1.5-3x slower than the written-out form, whose score matrices are
-            # small (measured in BENCHMARKS.md).
-            ctx, _ = self._explicit(q, k, v, key_mask, causal, dropout_p)
+            # pass is 1.5-3x slower than the written-out form (core/written_attention.py).
+            if dropout_p == 0.0:
+                ctx = self.cpu_attention(q, k, v, key_mask, causal)
+            else:
+                ctx, _ = explicit_attention(q, k, v, key_mask, causal, dropout_p, True)
         else:
             kind = mask_kind(key_mask, causal)
             with backend_scope(sdpa_backends(self.backend, q.device.type, q.dtype, kind)):
@@ -212,27 +221,6 @@ class MultiHeadAttention(nn.Module):
                 cache.store_memory(*self.project_kv(memory), key_mask)
             ctx, weights = cache.attend_memory(q, need_weights)
         return linear_add(self.out, ctx.to(x.dtype), residual), weights
-
-    def _explicit(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        key_mask: Tensor | None,
-        causal: bool,
-        dropout_p: float,
-    ) -> tuple[Tensor, Tensor]:
-        """softmax(QK^T / sqrt(d_k)) V written out, for callers that want the weights."""
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.d_k)
-        if key_mask is not None:
-            scores = scores.masked_fill(~key_mask, float("-inf"))
-        if causal:
-            lq, lk = scores.shape[-2:]
-            future = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(lk - lq + 1)
-            scores = scores.masked_fill(future, float("-inf"))
-        weights = scores.float().softmax(-1).to(v.dtype)
-        ctx = F.dropout(weights, dropout_p, self.training) @ v
-        return ctx, weights
 
 
 ACTIVATION_FUNCTIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
@@ -465,6 +453,12 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, Dropout):
                 module.keep_mask = keep_mask
+
+    def set_cpu_attention(self, attention: TrainingAttention) -> None:
+        """How every attention layer attends while training on a CPU (core/written_attention.py)."""
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.cpu_attention = attention
 
     def set_attention_backend(self, policy: AttentionBackend) -> None:
         """Which SDPA kernels every attention layer may use on a GPU (core/attention_kernels.py)."""

@@ -39,9 +39,13 @@ _NAMES = (
     "attention",
     "dropout_mask",
     "smoothed_loss",
+    "attention_train",
 )
 SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
-HEADERS = [_CSRC / f"{name}.h" for name in (*_NAMES[1:], "tiles", "simd_exp", "simd_lanes")]
+HEADERS = [
+    _CSRC / f"{name}.h"
+    for name in (*_NAMES[1:], "tiles", "simd_exp", "simd_lanes", "attention_train_body")
+]
 
 
 # OpenMP: `at::parallel_for` in the kernels runs on PyTorch's own OpenMP threads (its

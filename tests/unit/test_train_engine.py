@@ -253,11 +253,12 @@ def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
     assert result.final_dev_loss is not None and math.isfinite(result.final_dev_loss)
 
 
-def test_without_the_compiled_module_training_keeps_pytorchs_masks_and_loss_and_says_so(
+def test_without_the_compiled_module_training_keeps_pytorchs_kernels_and_says_so(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nmt_cli.core.dropout import scaled_keep_mask
     from nmt_cli.core.losses import smoothed_loss_sweep
+    from nmt_cli.core.written_attention import written_out_attention
     from nmt_cli.cpu_decode.build import CompileError
     from nmt_cli.engines.train import cpu_kernels
 
@@ -276,18 +277,28 @@ def test_without_the_compiled_module_training_keeps_pytorchs_masks_and_loss_and_
         swept.append(args[-1])  # want_grad: training's sweeps, then validation's
         return smoothed_loss_sweep(*args)
 
-    references = cpu_kernels.CpuKernels(counted_mask, counted_sweep)
+    attended: list[bool] = []
+
+    def counted_attention(*args: Any) -> Any:
+        attended.append(args[-1])  # causal: the decoder's self-attention, else not
+        return written_out_attention(*args)
+
+    references = cpu_kernels.CpuKernels(counted_mask, counted_sweep, counted_attention)
     monkeypatch.setattr(cpu_kernels, "CpuKernels", lambda: references)
     events: list[TrainEvent] = []
     result = train(tiny_recipe(data, tmp_path / "run"), on_event=events.append)
     notices = [e.text for e in events if isinstance(e, Notice)]
-    message = "dropout masks and the loss from PyTorch's operations: no C++ compiler (c++) on PATH"
+    message = (
+        "dropout masks, the loss and attention from PyTorch's operations: "
+        "no C++ compiler (c++) on PATH"
+    )
     assert message in notices
     assert result.steps == 6 and drawn  # the reference drew every mask
     assert True in swept and False in swept  # and swept training's and validation's losses
+    assert True in attended and False in attended  # and attended in both stacks
 
 
-def test_training_on_a_cpu_takes_its_masks_and_loss_from_the_compiled_module(
+def test_training_on_a_cpu_takes_its_kernels_from_the_compiled_module(
     kernel: Any, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nmt_cli.engines.train import cpu_kernels
@@ -309,11 +320,12 @@ def test_training_on_a_cpu_takes_its_masks_and_loss_from_the_compiled_module(
     for make, name in (
         (cpu_kernels.compiled_keep_mask, "mask"),
         (cpu_kernels.compiled_loss_sweep, "loss"),
+        (cpu_kernels.compiled_attention, "attention"),
     ):
         monkeypatch.setattr(cpu_kernels, make.__name__, counted(make, name))
     events: list[TrainEvent] = []
     result = train(tiny_recipe(data, tmp_path / "run"), on_event=events.append)
-    assert result.steps == 6 and {"mask", "loss"} <= set(used)
+    assert result.steps == 6 and {"mask", "loss", "attention"} <= set(used)
     assert not any("PyTorch's operations" in e.text for e in events if isinstance(e, Notice))
 
 

@@ -1,6 +1,7 @@
 """The training fast paths: the cheaper CPU dropout (core's mask, the reference, and the
-CPU backend's compiled one, held to the same tests) and the loss's sweep over the logits
-(core's chunked one, the reference, and the compiled one, held to autograd's loss)."""
+CPU backend's compiled one, held to the same tests), the loss's sweep over the logits
+(core's chunked one, the reference, and the compiled one, held to autograd's loss), and
+attention (core's written-out one, the reference, and the compiled one, held to float64)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from nmt_cli.core.dropout import Dropout, KeepMask, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sweep
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
 from nmt_cli.engines.train import cpu_kernels as cpu_kernels_module
 from nmt_cli.engines.train.cpu_kernels import (
     CpuKernels,
+    compiled_attention,
     compiled_keep_mask,
     compiled_loss_sweep,
     cpu_kernels,
@@ -224,3 +227,167 @@ def test_the_compiled_sweep_leaves_half_precision_to_the_reference(kernel: Modul
     got = compiled_loss_sweep(kernel)(logits, target, weight, 0.1, True)
     want = smoothed_loss_sweep(logits, target, weight, 0.1, True)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True) if a is not None)
+
+
+@pytest.fixture(params=["reference", "compiled"])
+def attention(request: pytest.FixtureRequest) -> TrainingAttention:
+    """Each attention a CPU run can train with: core's, and the CPU backend's compiled one."""
+    if request.param == "reference":
+        return written_out_attention
+    return compiled_attention(request.getfixturevalue("kernel"))
+
+
+def attention_inputs(
+    b: int, h: int, length: int, keys: int, d: int, dtype: torch.dtype, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Heads as the model makes them (strided views of one projection's output) and a
+    padding mask with at least one real key per sentence."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, length, h * d, generator=gen).to(dtype)
+    kv = torch.randn(b, keys, 2 * h * d, generator=gen).to(dtype)
+    q = x.view(b, length, h, d).transpose(1, 2)
+    k, v = (t.reshape(b, keys, h, d).transpose(1, 2) for t in kv.split(h * d, -1))
+    lengths = torch.randint(1, keys + 1, (b,), generator=gen)
+    mask = (torch.arange(keys) < lengths[:, None])[:, None, None, :]
+    return q, k, v, mask
+
+
+def float64_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Context and (dq, dk, dv) of sum(context * weights) in float64, the yardstick."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out = written_out_attention(*leaves, mask, causal)
+    (out * out_weights(out)).sum().backward()
+    return out.detach(), tuple(t.grad for t in leaves)  # type: ignore[misc]
+
+
+def out_weights(out: torch.Tensor) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(out.shape, generator=gen, dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    ("length", "keys", "d", "causal", "masked"),
+    [
+        (17, 17, 64, True, False),
+        (13, 21, 64, False, True),
+        (5, 33, 24, False, True),
+        (40, 40, 16, True, False),
+        (3, 7, 8, False, False),
+        (9, 9, 20, True, True),
+    ],
+)
+def test_attention_and_its_gradients_match_float64(
+    attention: TrainingAttention, length: int, keys: int, d: int, causal: bool, masked: bool
+) -> None:
+    """Both attentions against the same sums in float64: float32 to 1e-5 of the largest
+    value, and the compiled one no further from float64 than the reference is."""
+    q, k, v, mask = attention_inputs(3, 2, length, keys if not causal else length, d, torch.float32)
+    mask = mask if masked else None
+    want, grads = float64_attention(q, k, v, mask, causal)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*leaves, mask, causal)
+    assert out.shape == want.shape and out.dtype == torch.float32
+    (out.double() * out_weights(out)).sum().backward()
+    for got, expected in zip((out, *(t.grad for t in leaves)), (want, *grads), strict=True):
+        assert got is not None
+        scale = expected.abs().max().item()
+        assert (got.double() - expected).abs().max().item() <= 1e-5 * scale
+
+
+def test_compiled_bf16_attention_is_nearer_float64_than_the_reference(kernel: ModuleType) -> None:
+    """In bf16 the reference rounds its scores and weights to bf16; the compiled kernel
+    keeps them in float32 and rounds only its outputs."""
+    compiled = compiled_attention(kernel)
+    q, k, v, mask = attention_inputs(4, 4, 15, 19, 64, torch.bfloat16)
+    want, grads = float64_attention(q, k, v, mask, False)
+    errors = []
+    for attend in (written_out_attention, compiled):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = attend(*leaves, mask, False)
+        assert out.dtype == torch.bfloat16
+        (out.double() * out_weights(out)).sum().backward()
+        got = [out, *(t.grad for t in leaves)]
+        errors.append(
+            [(g.double() - w).abs().max().item() for g, w in zip(got, (want, *grads), strict=True)]  # type: ignore[union-attr]
+        )
+    reference, ours = errors
+    assert all(o <= r for o, r in zip(ours, reference, strict=True))
+
+
+def test_the_plain_loops_compute_what_the_vector_ones_do(kernel: ModuleType) -> None:
+    """Machines without AVX-512 take the plain loops: the same sums to rounding."""
+    q, k, v, mask = attention_inputs(3, 2, 11, 11, 24, torch.float32)
+    keys = mask.reshape(3, 11)
+    scale = 1 / math.sqrt(24)
+    for causal in (False, True):
+        vector = kernel.attention_train_forward(q, k, v, keys, causal, scale, True, True)
+        plain = kernel.attention_train_forward(q, k, v, keys, causal, scale, True, False)
+        torch.testing.assert_close(plain[0], vector[0], rtol=1e-5, atol=1e-6)
+        grad = torch.randn(q.shape)
+        back = [
+            kernel.attention_train_backward(grad, q, k, v, vector[1], scale, simd)
+            for simd in (True, False)
+        ]
+        for a, b in zip(*back, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_attention_merges_heads_for_free_and_is_thread_independent(
+    kernel: ModuleType,
+) -> None:
+    compiled = compiled_attention(kernel)
+    q, k, v, mask = attention_inputs(5, 4, 9, 12, 16, torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(compiled(q, k, v, mask, False))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1])
+    merged = outs[0].transpose(1, 2)  # (B, L, h, d): the layout the output projection reads
+    assert merged.is_contiguous()
+
+
+def test_compiled_attention_leaves_other_masks_and_dtypes_to_the_reference(
+    kernel: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append("reference")
+        return written_out_attention(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_kernels_module, "written_out_attention", counted)
+    compiled = compiled_attention(kernel)
+    q, k, v, _ = attention_inputs(2, 2, 6, 6, 8, torch.float32)
+    band = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()  # a per-query mask
+    compiled(q, k, v, band, False)
+    compiled(q.half(), k.half(), v.half(), None, True)
+    assert calls == ["reference", "reference"]
+    compiled(q, k, v, None, True)
+    assert calls == ["reference", "reference"]
+
+
+def test_a_model_trains_through_the_compiled_attention(kernel: ModuleType) -> None:
+    """set_cpu_attention reaches every layer, and a training step's gradients agree with
+    the reference's."""
+    settings = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2)
+    cfg = ModelConfig(**settings, src_vocab_size=30, tgt_vocab_size=30, dropout=0.0)  # type: ignore[arg-type]
+    src = torch.tensor([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
+    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 0]])
+    grads = []
+    for attend in (written_out_attention, compiled_attention(kernel)):
+        torch.manual_seed(0)
+        model = Transformer(cfg).train()
+        model.set_cpu_attention(attend)
+        assert all(
+            m.cpu_attention is attend for m in model.modules() if hasattr(m, "cpu_attention")
+        )
+        model(src, tgt).float().square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

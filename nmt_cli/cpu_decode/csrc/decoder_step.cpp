@@ -13,6 +13,7 @@
 #include <torch/extension.h>
 
 #include "attention.h"
+#include "attention_train.h"
 #include "beam_topk.h"
 #include "bf16_linear.h"
 #include "dropout_mask.h"
@@ -362,4 +363,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_memory", &nmt::attend_memory);
   m.def("scaled_keep_mask", &nmt::scaled_keep_mask);
   m.def("smoothed_loss_sweep", &nmt::smoothed_loss_sweep);
+  m.def("attention_train_forward", &nmt::attention_train_forward);
+  m.def("attention_train_backward", &nmt::attention_train_backward);
 }

@@ -13,26 +13,42 @@ namespace nmt::simd {
 
 #define NMT_SIMD_LANES __attribute__((target("avx512f,avx512bw,avx512vl")))
 
+// Full lanes load and store unmasked: a masked store does not forward to a later load.
 NMT_SIMD_LANES inline __m512 load(const float* p, __mmask16 mask) {
+  if (mask == 0xFFFF) return _mm512_loadu_ps(p);
   return _mm512_maskz_loadu_ps(mask, p);
 }
 
 NMT_SIMD_LANES inline __m512 load(const uint16_t* p, __mmask16 mask) {
-  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+  const __m256i half = mask == 0xFFFF ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                      : _mm256_maskz_loadu_epi16(mask, p);
+  const __m512i bits = _mm512_cvtepu16_epi32(half);
   return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
 }
 
 NMT_SIMD_LANES inline void store(float* p, __m512 x, __mmask16 mask) {
+  if (mask == 0xFFFF) return _mm512_storeu_ps(p, x);
   _mm512_mask_storeu_ps(p, mask, x);
 }
 
-NMT_SIMD_LANES inline void store(uint16_t* p, __m512 x, __mmask16 mask) {
+// The sixteen lanes rounded to bf16 and packed into 256 bits. The upper halves are
+// gathered by a word permutation: a narrowing store (vpmovdw to memory) is microcoded on
+// some AVX-512 CPUs.
+NMT_SIMD_LANES inline __m256i to_bf16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd);
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC00000));
-  _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+  const __m512i upper = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 31, 29,
+                                         27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(upper, rounded));
+}
+
+NMT_SIMD_LANES inline void store(uint16_t* p, __m512 x, __mmask16 mask) {
+  const __m256i packed = to_bf16(x);
+  if (mask == 0xFFFF) return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), packed);
+  _mm256_mask_storeu_epi16(p, mask, packed);
 }
 
 #undef NMT_SIMD_LANES

@@ -103,7 +103,7 @@ class Probe:
         torch.manual_seed(0)
         model = Transformer(cfg)
         kernels = cpu_kernels(build=False)[0]  # as training's
-        model.set_dropout_mask(kernels.keep_mask)
+        kernels.apply_to(model)
         self.objective = TrainingObjective(
             model, 0.1, PAD_ID, fused_projection=False, loss_sweep=kernels.loss_sweep
         )

@@ -125,7 +125,10 @@ def train(
             why_not = _build_cpu_kernels(on_event if is_rank0 else None)
             if why_not is not None:
                 notices.append(
-                    Notice(f"dropout masks and the loss from PyTorch's operations: {why_not}")
+                    Notice(
+                        "dropout masks, the loss and attention from PyTorch's operations: "
+                        f"{why_not}"
+                    )
                 )
         procs = options.procs
         if procs is None:
@@ -199,7 +202,7 @@ class _Trainer:
         self.model = Transformer(self.cfg).to(ctx.device)
         self.model.set_attention_backend(self.choices.attention_backend)
         kernels = cpu_kernels(build=False)[0] if ctx.device.type == "cpu" else CpuKernels()
-        self.model.set_dropout_mask(kernels.keep_mask)  # train() built the module
+        kernels.apply_to(self.model)  # train() built the module
         if resume is not None:
             self.model.load_state_dict(resume.model)
         elif plan.init is not None:  # fine-tuning: its weights, a fresh optimizer and schedule

@@ -1,0 +1,412 @@
+// Training's attention on a CPU: scores, masks, softmax and the weighted sum of the
+// values, and their gradients, one (sentence, head) at a time in float32.
+//
+// The core's reference (core/transformer.py, `written_out_attention`) is PyTorch's
+// operations: two batched products, a scaling, one masking per mask, a float32 softmax
+// and the casts around it, and the copies that split and merge the heads, each a pass
+// over memory; backward as many again. A sentence's scores are small (tens of keys), so
+// on the Multi30k recipe's model those operations cost more than their arithmetic: about
+// a seventh of a bf16 update. Here a task widens its sentence-head's queries, keys and
+// values once into float32 rows that stay in cache, and does everything else there:
+// products as dot products and row updates over d, the softmax with the decoding
+// kernels' exponential, the context written straight into the merged-heads layout. The
+// forward pass keeps the float32 weights for the backward pass (L x S per head, as the
+// reference keeps its softmax). Sums run in another order, in float32 throughout, so
+// results differ from the reference's bf16 products in the last bits.
+#include "attention_train.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "simd_exp.h"
+#include "simd_lanes.h"
+#endif
+
+namespace nmt {
+namespace {
+
+// n rounded up to whole vectors of 16 floats.
+inline int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
+
+// A sentence's operands (every head's), float32, each row padded to whole vectors (dp, sp: d and S rounded up
+// to 16): queries, keys, values, the context's gradient, a transposed (d x S) copy of the
+// scaled keys or of the values, the weights or their gradient (when the caller keeps no
+// weights), the products' outputs, and the keys a padding mask hides.
+struct Scratch {
+  int64_t dp, sp;
+  std::vector<float> q, k, v, g, t, p, o, dk, dv;
+  std::vector<int64_t> hidden;
+  Scratch(int64_t H, int64_t L, int64_t S, int64_t d, bool backward)
+      : dp(padded(d)),
+        sp(padded(S)),
+        q(static_cast<size_t>(H * L * dp)),
+        k(static_cast<size_t>(H * S * dp)),
+        v(static_cast<size_t>(H * S * dp)),
+        g(static_cast<size_t>(backward ? H * L * dp : 0)),
+        t(static_cast<size_t>(d * sp)),
+        p(static_cast<size_t>(L * sp)),
+        o(static_cast<size_t>(L * dp)),
+        dk(static_cast<size_t>(backward ? S * dp : 0)),
+        dv(static_cast<size_t>(backward ? S * dp : 0)) {}
+};
+
+// One strided (rows, d) operand of a (sentence, head): row r starts at data + r * stride.
+template <typename T>
+struct Rows {
+  T* data;
+  int64_t stride;
+  T* operator[](int64_t r) const { return data + r * stride; }
+};
+
+// One sentence's (heads, rows, d) operand: row r of head h at data + h * head + r * row.
+template <typename T>
+struct Heads {
+  T* data;
+  int64_t head_stride, row_stride;
+  T* operator()(int64_t h, int64_t r) const { return data + h * head_stride + r * row_stride; }
+  Rows<T> head(int64_t h) const { return {data + h * head_stride, row_stride}; }
+};
+
+// A float32 matrix read one element at a time: (m, k) at data[m * row + k * col], so a
+// product's left operand can be read transposed without a copy.
+struct Strided {
+  const float* data;
+  int64_t row, col;
+  float operator()(int64_t m, int64_t k) const { return data[m * row + k * col]; }
+};
+
+// Any CPU: plain loops; bf16 through PyTorch's own conversions.
+namespace plain {
+
+struct Ops {
+  static void widen(const float* x, float* out, int64_t n) { std::copy(x, x + n, out); }
+  static void widen(const uint16_t* x, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = static_cast<float>(c10::BFloat16(x[i], c10::BFloat16::from_bits()));
+    }
+  }
+  static void narrow(const float* x, float* out, int64_t n) { std::copy(x, x + n, out); }
+  static void narrow(const float* x, uint16_t* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = c10::BFloat16(x[i]).x;
+  }
+  static float dot(const float* a, const float* b, int64_t n) {
+    float total = 0.0f;
+    for (int64_t i = 0; i < n; ++i) total += a[i] * b[i];
+    return total;
+  }
+  static void axpy(float alpha, const float* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
+  static void zero(float* y, int64_t n) { std::fill(y, y + n, 0.0f); }
+  // c (M x N, row stride ldc) = a (M x K) b (K x N, row stride ldb).
+  static void gemm(int64_t M, int64_t N, int64_t K, Strided a, const float* b, int64_t ldb,
+                   float* c, int64_t ldc) {
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = c + m * ldc;
+      zero(row, N);
+      for (int64_t k = 0; k < K; ++k) axpy(a(m, k), b + k * ldb, row, N);
+    }
+  }
+  // In place; a row of -inf only (a query that may see no key) becomes zeros.
+  static void softmax(float* x, int64_t n) {
+    const float max = *std::max_element(x, x + n);
+    if (max == -INFINITY) return zero(x, n);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - max));
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  }
+};
+
+#include "attention_train_body.h"
+
+}  // namespace plain
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+
+// AVX-512: sixteen lanes at a time, the tail under a lane mask.
+namespace avx512 {
+
+using simd::first_lanes;
+
+struct Ops {
+  // Into whole vectors (zeros past n).
+  template <typename T>
+  static void widen(const T* x, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+      _mm512_storeu_ps(out + i, simd::load(x + i, first_lanes(n - i)));
+    }
+  }
+  template <typename T>
+  static void narrow(const float* x, T* out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+      simd::store(out + i, _mm512_loadu_ps(x + i), first_lanes(n - i));
+    }
+  }
+  static float dot(const float* a, const float* b, int64_t n) {
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      total = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
+                              total);
+    }
+    return _mm512_reduce_add_ps(total);
+  }
+  static void axpy(float alpha, const float* x, float* y, int64_t n) {
+    const __m512 a = _mm512_set1_ps(alpha);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      const __m512 r =
+          _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+      _mm512_mask_storeu_ps(y + i, m, r);
+    }
+  }
+  static void zero(float* y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+      _mm512_mask_storeu_ps(y + i, first_lanes(n - i), _mm512_setzero_ps());
+    }
+  }
+  // c (M x N, row stride ldc, a multiple of 16) = a (M x K) b (K x N, row stride ldb):
+  // blocks of up to four rows of c by 32 columns held in registers, each element of a
+  // broadcast from memory. c's rows are written to whole vectors (zeros past N).
+  static void gemm(int64_t M, int64_t N, int64_t K, Strided a, const float* b, int64_t ldb,
+                   float* c, int64_t ldc) {
+    for (int64_t n = 0; n < N; n += 32) {
+      const __mmask16 lo = first_lanes(N - n);
+      const __mmask16 hi = N - n > 16 ? first_lanes(N - n - 16) : 0;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) block<4>(m, n, K, a, b, ldb, c, ldc, lo, hi);
+      switch (M - m) {
+        case 3: block<3>(m, n, K, a, b, ldb, c, ldc, lo, hi); break;
+        case 2: block<2>(m, n, K, a, b, ldb, c, ldc, lo, hi); break;
+        case 1: block<1>(m, n, K, a, b, ldb, c, ldc, lo, hi); break;
+        default: break;
+      }
+    }
+  }
+  template <int R>
+  static void block(int64_t m, int64_t n, int64_t K, Strided a, const float* b, int64_t ldb,
+                    float* c, int64_t ldc, __mmask16 lo, __mmask16 hi) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const bool two = hi != 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const __m512 b0 = _mm512_maskz_loadu_ps(lo, b + k * ldb + n);
+      const __m512 b1 = two ? _mm512_maskz_loadu_ps(hi, b + k * ldb + n + 16) : b0;
+      for (int r = 0; r < R; ++r) {
+        const __m512 x = _mm512_set1_ps(a(m + r, k));
+        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm512_storeu_ps(c + (m + r) * ldc + n, acc[r][0]);
+      if (two) _mm512_storeu_ps(c + (m + r) * ldc + n + 16, acc[r][1]);
+    }
+  }
+  static void softmax(float* x, int64_t n) {
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, x + i));
+    }
+    const float max = _mm512_reduce_max_ps(vmax);
+    if (max == -INFINITY) return zero(x, n);
+    const __m512 shift = _mm512_set1_ps(max);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      // Masked keys hold -inf: their exponential is 0.
+      const __m512 e = _mm512_maskz_mov_ps(
+          m, simd::exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), shift)));
+      vsum = _mm512_add_ps(vsum, e);
+      _mm512_mask_storeu_ps(x + i, m, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = first_lanes(n - i);
+      _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+    }
+  }
+};
+
+#include "attention_train_body.h"
+
+}  // namespace avx512
+
+#pragma GCC pop_options
+#endif
+
+bool use_simd(bool wanted) {
+#if defined(__x86_64__)
+  return wanted && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  (void)wanted;
+  return false;
+#endif
+}
+
+// Raw pointers of float32 (float) or bf16 (uint16_t) data.
+template <typename T>
+const T* cdata(const at::Tensor& t) {
+  return reinterpret_cast<const T*>(t.const_data_ptr());
+}
+template <typename T>
+T* mdata(at::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+void check_operand(const at::Tensor& t, const char* name, at::ScalarType dtype) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 4 && t.stride(3) == 1,
+              "attention_train: ", name,
+              " must be a CPU (B, h, n, d) tensor with its last dimension contiguous");
+  TORCH_CHECK(t.scalar_type() == dtype, "attention_train: ", name, " is ", t.scalar_type(),
+              ", the queries ", dtype);
+}
+
+// An empty (B, n, h, d) tensor seen as (B, h, n, d): heads merge by a view.
+at::Tensor merged_heads_like(const at::Tensor& t) {
+  return at::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.options())
+      .permute({0, 2, 1, 3});
+}
+
+// Sentence b of a (B, h, n, d) operand.
+template <typename T>
+Heads<const T> heads_of(const at::Tensor& t, int64_t b) {
+  return {cdata<T>(t) + b * t.stride(0), t.stride(1), t.stride(2)};
+}
+template <typename T>
+Heads<T> heads_of(at::Tensor& t, int64_t b) {
+  return {mdata<T>(t) + b * t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// One task per sentence: its rows of every head are read in one sweep through memory.
+template <typename T>
+void forward_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const bool* key_ok, bool causal, float scale, at::Tensor& out, float* probs,
+                 bool simd) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), d = q.size(3);
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    Scratch w(H, L, S, d, false);
+    for (int64_t b = begin; b < end; ++b) {
+      const bool* ok = key_ok == nullptr ? nullptr : key_ok + b * S;
+      float* p = probs == nullptr ? nullptr : probs + b * H * L * w.sp;
+#if defined(__x86_64__)
+      if (simd) {
+        avx512::forward_sentence<T>(heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b), ok,
+                                    causal, H, L, S, d, scale, heads_of<T>(out, b), p, w);
+        continue;
+      }
+#endif
+      plain::forward_sentence<T>(heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b), ok,
+                                 causal, H, L, S, d, scale, heads_of<T>(out, b), p, w);
+    }
+  });
+}
+
+template <typename T>
+void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
+                  const at::Tensor& v, const float* probs, float scale, at::Tensor& dq,
+                  at::Tensor& dk, at::Tensor& dv, bool simd) {
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), d = q.size(3);
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    Scratch w(H, L, S, d, true);
+    for (int64_t b = begin; b < end; ++b) {
+      const float* p = probs + b * H * L * w.sp;
+#if defined(__x86_64__)
+      if (simd) {
+        avx512::backward_sentence<T>(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b),
+                                     heads_of<T>(v, b), p, H, L, S, d, scale,
+                                     heads_of<T>(dq, b), heads_of<T>(dk, b), heads_of<T>(dv, b),
+                                     w);
+        continue;
+      }
+#endif
+      plain::backward_sentence<T>(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b),
+                                  heads_of<T>(v, b), p, H, L, S, d, scale, heads_of<T>(dq, b),
+                                  heads_of<T>(dk, b), heads_of<T>(dv, b), w);
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attention_train_forward(const at::Tensor& q,
+                                                           const at::Tensor& k,
+                                                           const at::Tensor& v,
+                                                           const std::optional<at::Tensor>& key_mask,
+                                                           bool causal, double scale,
+                                                           bool want_probs, bool simd) {
+  RECORD_FUNCTION("nmt::attention_train_forward", std::vector<c10::IValue>());
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "attention_train: float32 or bfloat16 queries are needed, got ", dtype);
+  check_operand(q, "q", dtype);
+  check_operand(k, "k", dtype);
+  check_operand(v, "v", dtype);
+  const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), d = q.size(3);
+  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == d && v.sizes() == k.sizes(),
+              "attention_train: q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(),
+              " do not fit (the values' width must equal the keys')");
+  const bool* key_ok = nullptr;
+  at::Tensor mask;
+  if (key_mask.has_value()) {
+    TORCH_CHECK(key_mask->scalar_type() == at::kBool && key_mask->dim() == 2 &&
+                    key_mask->size(0) == B && key_mask->size(1) == S,
+                "attention_train: the key mask must be (B, S) bool, got ", key_mask->sizes());
+    mask = key_mask->contiguous();
+    key_ok = mask.const_data_ptr<bool>();
+  }
+  at::Tensor out = merged_heads_like(q);
+  at::Tensor probs = want_probs ? at::empty({B, H, L, padded(S)}, q.options().dtype(at::kFloat))
+                                : at::Tensor();
+  float* p = want_probs ? probs.data_ptr<float>() : nullptr;
+  const bool vector = use_simd(simd);
+  const auto s = static_cast<float>(scale);
+  if (dtype == at::kFloat) {
+    forward_all<float>(q, k, v, key_ok, causal, s, out, p, vector);
+  } else {
+    forward_all<uint16_t>(q, k, v, key_ok, causal, s, out, p, vector);
+  }
+  return {out, probs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& probs, double scale, bool simd) {
+  RECORD_FUNCTION("nmt::attention_train_backward", std::vector<c10::IValue>());
+  const auto dtype = q.scalar_type();
+  const at::Tensor g = grad_out.stride(3) == 1 ? grad_out : grad_out.contiguous();
+  check_operand(g, "the context's gradient", dtype);
+  TORCH_CHECK(g.sizes() == q.sizes(), "attention_train: the context's gradient is ",
+              g.sizes(), ", the queries ", q.sizes());
+  TORCH_CHECK(probs.scalar_type() == at::kFloat && probs.is_contiguous() &&
+                  probs.dim() == 4 && probs.size(2) == q.size(2) &&
+                  probs.size(3) == padded(k.size(2)),
+              "attention_train: the weights must be the forward pass's (B, h, L, S) float32");
+  at::Tensor dq = merged_heads_like(q), dk = merged_heads_like(k), dv = merged_heads_like(v);
+  const bool vector = use_simd(simd);
+  const auto s = static_cast<float>(scale);
+  const float* p = probs.const_data_ptr<float>();
+  if (dtype == at::kFloat) {
+    backward_all<float>(g, q, k, v, p, s, dq, dk, dv, vector);
+  } else {
+    backward_all<uint16_t>(g, q, k, v, p, s, dq, dk, dv, vector);
+  }
+  return {dq, dk, dv};
+}
+
+}  // namespace nmt

@@ -1,0 +1,32 @@
+// Training's attention on a CPU, forward and backward (see attention_train.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace nmt {
+
+// softmax(scale * q k^T, masked) v for every (sentence, head): q (B, h, L, d), k and v
+// (B, h, S, d), float32 or bfloat16, each with its last dimension contiguous (other
+// strides free: the heads of a projection's output as they are). `key_mask` (B, S) bool,
+// true where a key may be attended, or none; `causal`: query i sees keys
+// j <= i + S - L. Returns the context (B, h, L, d) in q's dtype, a view of a (B, L, h, d)
+// tensor so that merging the heads costs nothing, and, when `want_probs`, the attention
+// weights (B, h, L, S) float32 that the backward pass takes (undefined otherwise). A
+// query that may see no key gets zero weights. `simd` false takes the plain loops.
+std::tuple<at::Tensor, at::Tensor> attention_train_forward(const at::Tensor& q,
+                                                           const at::Tensor& k,
+                                                           const at::Tensor& v,
+                                                           const std::optional<at::Tensor>& key_mask,
+                                                           bool causal, double scale,
+                                                           bool want_probs, bool simd);
+
+// The gradients (dq, dk, dv) of the forward above given the context's gradient (B, h, L, d)
+// and its weights, each in its input's dtype, views of (B, L, h, d) / (B, S, h, d) tensors.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& probs, double scale, bool simd);
+
+}  // namespace nmt

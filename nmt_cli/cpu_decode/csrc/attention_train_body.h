@@ -1,0 +1,101 @@
+// The body of training's attention, one (sentence, head) at a time, written once over the
+// operations of `Ops` (attention_train.cpp includes it twice: inside a namespace whose
+// `Ops` is plain loops and inside one compiled for AVX-512, so every call inlines).
+// No include guard and no includes: it is meant to be included inside a namespace, after
+// attention_train.cpp's `Scratch`, `Rows` and `Strided`.
+
+// scale * a (rows x cols, row stride lda) -> out (cols x rows, row stride ldo); written in
+// order (strided reads are cheaper than strided writes).
+inline void transpose(const float* a, int64_t rows, int64_t cols, int64_t lda, float scale,
+                      float* out, int64_t ldo) {
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t r = 0; r < rows; ++r) out[c * ldo + r] = scale * a[r * lda + c];
+  }
+}
+
+// A sentence's rows of every head, position by position (one sweep through memory) ->
+// out: row r of head h at out + h * n * ldo + r * ldo.
+template <typename T>
+void widen_heads(Heads<const T> x, int64_t heads, int64_t n, int64_t d, float* out,
+                 int64_t ldo) {
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t h = 0; h < heads; ++h) Ops::widen(x(h, r), out + (h * n + r) * ldo, d);
+  }
+}
+
+template <typename T>
+void narrow_rows(const float* x, int64_t ldx, int64_t n, int64_t d, Rows<T> out) {
+  for (int64_t r = 0; r < n; ++r) Ops::narrow(x + r * ldx, out[r], d);
+}
+
+// Scaled scores (L x S, row stride ldp, in `probs`) -> the weights: masked (-inf),
+// softmax per row.
+inline void weights(float* probs, int64_t ldp, const bool* key_ok, bool causal, int64_t L,
+                    int64_t S, std::vector<int64_t>& hidden) {
+  hidden.clear();
+  for (int64_t j = 0; key_ok != nullptr && j < S; ++j) {
+    if (!key_ok[j]) hidden.push_back(j);
+  }
+  for (int64_t i = 0; i < L; ++i) {
+    float* p = probs + i * ldp;
+    for (const int64_t j : hidden) p[j] = -INFINITY;
+    // Keys from `visible` on are the future of a causal query.
+    const int64_t visible = causal ? std::clamp<int64_t>(i + S - L + 1, 0, S) : S;
+    std::fill(p + visible, p + S, -INFINITY);
+    Ops::softmax(p, S);
+  }
+}
+
+// One sentence, every head: the context into `out`, the weights into `probs` (heads x L x
+// sp, or null).
+template <typename T>
+void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, const bool* key_ok,
+                      bool causal, int64_t H, int64_t L, int64_t S, int64_t d, float scale,
+                      Heads<T> out, float* probs, Scratch& w) {
+  const int64_t dp = w.dp, sp = w.sp;
+  widen_heads(q, H, L, d, w.q.data(), dp);
+  widen_heads(k, H, S, d, w.k.data(), dp);
+  widen_heads(v, H, S, d, w.v.data(), dp);
+  for (int64_t h = 0; h < H; ++h) {
+    const float *qh = w.q.data() + h * L * dp, *kh = w.k.data() + h * S * dp;
+    transpose(kh, S, d, dp, scale, w.t.data(), sp);
+    float* p = probs == nullptr ? w.p.data() : probs + h * L * sp;
+    Ops::gemm(L, S, d, {qh, dp, 1}, w.t.data(), sp, p, sp);  // Q (scale K)^T
+    weights(p, sp, key_ok, causal, L, S, w.hidden);
+    Ops::gemm(L, d, S, {p, sp, 1}, w.v.data() + h * S * dp, dp, w.o.data(), dp);  // P V
+    narrow_rows(w.o.data(), dp, L, d, out.head(h));
+  }
+}
+
+// With P the weights and G the context's gradient: dV = P^T G, dP = G V^T,
+// dS = scale P * (dP - rowsum(P * dP)), dQ = dS K, dK = dS^T Q.
+template <typename T>
+void backward_sentence(Heads<const T> g, Heads<const T> q, Heads<const T> k, Heads<const T> v,
+                       const float* probs, int64_t H, int64_t L, int64_t S, int64_t d,
+                       float scale, Heads<T> dq, Heads<T> dk, Heads<T> dv, Scratch& w) {
+  const int64_t dp = w.dp, sp = w.sp;
+  widen_heads(g, H, L, d, w.g.data(), dp);
+  widen_heads(q, H, L, d, w.q.data(), dp);
+  widen_heads(k, H, S, d, w.k.data(), dp);
+  widen_heads(v, H, S, d, w.v.data(), dp);
+  for (int64_t h = 0; h < H; ++h) {
+    const float *gh = w.g.data() + h * L * dp, *qh = w.q.data() + h * L * dp;
+    const float *kh = w.k.data() + h * S * dp, *vh = w.v.data() + h * S * dp;
+    const float* ph = probs + h * L * sp;
+    transpose(vh, S, d, dp, 1.0f, w.t.data(), sp);
+    Ops::gemm(S, d, L, {ph, 1, sp}, gh, dp, w.dv.data(), dp);  // P^T G
+    float* ds = w.p.data();
+    Ops::gemm(L, S, d, {gh, dp, 1}, w.t.data(), sp, ds, sp);  // G V^T
+    for (int64_t i = 0; i < L; ++i) {
+      const float* p = ph + i * sp;
+      float* row = ds + i * sp;
+      const float mean = Ops::dot(p, row, S);
+      for (int64_t j = 0; j < S; ++j) row[j] = scale * p[j] * (row[j] - mean);
+    }
+    Ops::gemm(L, d, S, {ds, sp, 1}, kh, dp, w.o.data(), dp);  // dS K
+    Ops::gemm(S, d, L, {ds, 1, sp}, qh, dp, w.dk.data(), dp);  // dS^T Q
+    narrow_rows(w.o.data(), dp, L, d, dq.head(h));
+    narrow_rows(w.dk.data(), dp, S, d, dk.head(h));
+    narrow_rows(w.dv.data(), dp, S, d, dv.head(h));
+  }
+}
