@@ -175,7 +175,8 @@ class MultiHeadAttention(nn.Module):
         elif self.training and q.device.type == "cpu":
             # Training on a CPU with sentence-length sequences: the fused kernel's backward
             # pass is 1.5-3x slower than the written-out form (core/written_attention.py).
-            if dropout_p == 0.0:
+            # A compiled graph takes the reference, which dynamo traces (no graph break).
+            if dropout_p == 0.0 and not torch.compiler.is_compiling():
                 ctx = self.cpu_attention(q, k, v, key_mask, causal)
             else:
                 ctx, _ = explicit_attention(q, k, v, key_mask, causal, dropout_p, True)
