@@ -276,6 +276,7 @@ def out_weights(out: torch.Tensor) -> torch.Tensor:
         (40, 40, 16, True, False),
         (3, 7, 8, False, False),
         (9, 9, 20, True, True),
+        (4, 9, 8, True, True),  # more keys than queries: query i sees keys up to i + 5
     ],
 )
 def test_attention_and_its_gradients_match_float64(
@@ -283,7 +284,7 @@ def test_attention_and_its_gradients_match_float64(
 ) -> None:
     """Both attentions against the same sums in float64: float32 to 1e-5 of the largest
     value, and the compiled one no further from float64 than the reference is."""
-    q, k, v, mask = attention_inputs(3, 2, length, keys if not causal else length, d, torch.float32)
+    q, k, v, mask = attention_inputs(3, 2, length, keys, d, torch.float32)
     mask = mask if masked else None
     want, grads = float64_attention(q, k, v, mask, causal)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
@@ -327,7 +328,7 @@ def test_the_plain_loops_compute_what_the_vector_ones_do(kernel: ModuleType) -> 
         torch.testing.assert_close(plain[0], vector[0], rtol=1e-5, atol=1e-6)
         grad = torch.randn(q.shape)
         back = [
-            kernel.attention_train_backward(grad, q, k, v, vector[1], scale, simd)
+            kernel.attention_train_backward(grad, q, k, v, vector[1], scale, causal, simd)
             for simd in (True, False)
         ]
         for a, b in zip(*back, strict=True):

@@ -38,10 +38,11 @@ namespace {
 // n rounded up to whole vectors of 16 floats.
 inline int64_t padded(int64_t n) { return (n + 15) / 16 * 16; }
 
-// A sentence's operands (every head's), float32, each row padded to whole vectors (dp, sp: d and S rounded up
-// to 16): queries, keys, values, the context's gradient, a transposed (d x S) copy of the
-// scaled keys or of the values, the weights or their gradient (when the caller keeps no
-// weights), the products' outputs, and the keys a padding mask hides.
+// A sentence's operands (every head's), float32, each row padded to whole vectors (dp,
+// sp: d and S rounded up to 16): queries, keys, values, the context's gradient, a
+// transposed (d x S) copy of the scaled keys or of the values, the weights or their
+// gradient (when the caller keeps no weights), the products' outputs, and the keys a
+// padding mask hides.
 struct Scratch {
   int64_t dp, sp;
   std::vector<float> q, k, v, g, t, p, o, dk, dv;
@@ -77,6 +78,16 @@ struct Heads {
   Rows<T> head(int64_t h) const { return {data + h * head_stride, row_stride}; }
 };
 
+// Which of a left operand's columns can be nonzero in row m: m - below ... m + above (the
+// causal weights P: above = S - L; read transposed: below = S - L). Products skip the rest.
+struct Band {
+  int64_t below, above;
+  static constexpr int64_t kAll = int64_t{1} << 40;
+  int64_t first(int64_t m, int64_t K) const { return std::clamp<int64_t>(m - below, 0, K); }
+  int64_t end(int64_t m, int64_t K) const { return std::clamp<int64_t>(m + above + 1, 0, K); }
+};
+constexpr Band kFull{Band::kAll, Band::kAll};
+
 // A float32 matrix read one element at a time: (m, k) at data[m * row + k * col], so a
 // product's left operand can be read transposed without a copy.
 struct Strided {
@@ -108,13 +119,14 @@ struct Ops {
     for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
   }
   static void zero(float* y, int64_t n) { std::fill(y, y + n, 0.0f); }
-  // c (M x N, row stride ldc) = a (M x K) b (K x N, row stride ldb).
+  // c (M x N, row stride ldc) = a (M x K, nonzero within `band`) b (K x N, row stride ldb).
   static void gemm(int64_t M, int64_t N, int64_t K, Strided a, const float* b, int64_t ldb,
-                   float* c, int64_t ldc) {
+                   float* c, int64_t ldc, Band band = kFull) {
     for (int64_t m = 0; m < M; ++m) {
       float* row = c + m * ldc;
       zero(row, N);
-      for (int64_t k = 0; k < K; ++k) axpy(a(m, k), b + k * ldb, row, N);
+      const int64_t end = band.end(m, K);
+      for (int64_t k = band.first(m, K); k < end; ++k) axpy(a(m, k), b + k * ldb, row, N);
     }
   }
   // In place; a row of -inf only (a query that may see no key) becomes zeros.
@@ -178,31 +190,34 @@ struct Ops {
       _mm512_mask_storeu_ps(y + i, first_lanes(n - i), _mm512_setzero_ps());
     }
   }
-  // c (M x N, row stride ldc, a multiple of 16) = a (M x K) b (K x N, row stride ldb):
-  // blocks of up to four rows of c by 32 columns held in registers, each element of a
-  // broadcast from memory. c's rows are written to whole vectors (zeros past N).
+  // c (M x N, row stride ldc, a multiple of 16) = a (M x K, nonzero within `band`) b
+  // (K x N, row stride ldb): blocks of up to four rows of c by 32 columns held in
+  // registers, each element of a broadcast from memory. c's rows are written to whole
+  // vectors (zeros past N).
   static void gemm(int64_t M, int64_t N, int64_t K, Strided a, const float* b, int64_t ldb,
-                   float* c, int64_t ldc) {
+                   float* c, int64_t ldc, Band band = kFull) {
     for (int64_t n = 0; n < N; n += 32) {
       const __mmask16 lo = first_lanes(N - n);
       const __mmask16 hi = N - n > 16 ? first_lanes(N - n - 16) : 0;
       int64_t m = 0;
-      for (; m + 4 <= M; m += 4) block<4>(m, n, K, a, b, ldb, c, ldc, lo, hi);
+      for (; m + 4 <= M; m += 4) block<4>(m, n, K, band, a, b, ldb, c, ldc, lo, hi);
       switch (M - m) {
-        case 3: block<3>(m, n, K, a, b, ldb, c, ldc, lo, hi); break;
-        case 2: block<2>(m, n, K, a, b, ldb, c, ldc, lo, hi); break;
-        case 1: block<1>(m, n, K, a, b, ldb, c, ldc, lo, hi); break;
+        case 3: block<3>(m, n, K, band, a, b, ldb, c, ldc, lo, hi); break;
+        case 2: block<2>(m, n, K, band, a, b, ldb, c, ldc, lo, hi); break;
+        case 1: block<1>(m, n, K, band, a, b, ldb, c, ldc, lo, hi); break;
         default: break;
       }
     }
   }
+  // Rows m .. m + R - 1 of c, columns n .. n + 31; the columns of a any of the rows needs.
   template <int R>
-  static void block(int64_t m, int64_t n, int64_t K, Strided a, const float* b, int64_t ldb,
-                    float* c, int64_t ldc, __mmask16 lo, __mmask16 hi) {
+  static void block(int64_t m, int64_t n, int64_t K, Band band, Strided a, const float* b,
+                    int64_t ldb, float* c, int64_t ldc, __mmask16 lo, __mmask16 hi) {
+    const int64_t k0 = band.first(m, K), k1 = band.end(m + R - 1, K);
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     const bool two = hi != 0;
-    for (int64_t k = 0; k < K; ++k) {
+    for (int64_t k = k0; k < k1; ++k) {
       const __m512 b0 = _mm512_maskz_loadu_ps(lo, b + k * ldb + n);
       const __m512 b1 = two ? _mm512_maskz_loadu_ps(hi, b + k * ldb + n + 16) : b0;
       for (int r = 0; r < R; ++r) {
@@ -319,8 +334,8 @@ void forward_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 template <typename T>
 void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
-                  const at::Tensor& v, const float* probs, float scale, at::Tensor& dq,
-                  at::Tensor& dk, at::Tensor& dv, bool simd) {
+                  const at::Tensor& v, const float* probs, float scale, bool causal,
+                  at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool simd) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), d = q.size(3);
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     Scratch w(H, L, S, d, true);
@@ -329,14 +344,15 @@ void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
 #if defined(__x86_64__)
       if (simd) {
         avx512::backward_sentence<T>(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b),
-                                     heads_of<T>(v, b), p, H, L, S, d, scale,
+                                     heads_of<T>(v, b), p, H, L, S, d, scale, causal,
                                      heads_of<T>(dq, b), heads_of<T>(dk, b), heads_of<T>(dv, b),
                                      w);
         continue;
       }
 #endif
       plain::backward_sentence<T>(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b),
-                                  heads_of<T>(v, b), p, H, L, S, d, scale, heads_of<T>(dq, b),
+                                  heads_of<T>(v, b), p, H, L, S, d, scale, causal,
+                                  heads_of<T>(dq, b),
                                   heads_of<T>(dk, b), heads_of<T>(dv, b), w);
     }
   });
@@ -344,12 +360,10 @@ void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> attention_train_forward(const at::Tensor& q,
-                                                           const at::Tensor& k,
-                                                           const at::Tensor& v,
-                                                           const std::optional<at::Tensor>& key_mask,
-                                                           bool causal, double scale,
-                                                           bool want_probs, bool simd) {
+std::tuple<at::Tensor, at::Tensor> attention_train_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& key_mask, bool causal, double scale, bool want_probs,
+    bool simd) {
   RECORD_FUNCTION("nmt::attention_train_forward", std::vector<c10::IValue>());
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
@@ -386,7 +400,7 @@ std::tuple<at::Tensor, at::Tensor> attention_train_forward(const at::Tensor& q,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& probs, double scale, bool simd) {
+    const at::Tensor& probs, double scale, bool causal, bool simd) {
   RECORD_FUNCTION("nmt::attention_train_backward", std::vector<c10::IValue>());
   const auto dtype = q.scalar_type();
   const at::Tensor g = grad_out.stride(3) == 1 ? grad_out : grad_out.contiguous();
@@ -402,9 +416,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
   const auto s = static_cast<float>(scale);
   const float* p = probs.const_data_ptr<float>();
   if (dtype == at::kFloat) {
-    backward_all<float>(g, q, k, v, p, s, dq, dk, dv, vector);
+    backward_all<float>(g, q, k, v, p, s, causal, dq, dk, dv, vector);
   } else {
-    backward_all<uint16_t>(g, q, k, v, p, s, dq, dk, dv, vector);
+    backward_all<uint16_t>(g, q, k, v, p, s, causal, dq, dk, dv, vector);
   }
   return {dq, dk, dv};
 }

@@ -16,17 +16,16 @@ namespace nmt {
 // tensor so that merging the heads costs nothing, and, when `want_probs`, the attention
 // weights (B, h, L, S) float32 that the backward pass takes (undefined otherwise). A
 // query that may see no key gets zero weights. `simd` false takes the plain loops.
-std::tuple<at::Tensor, at::Tensor> attention_train_forward(const at::Tensor& q,
-                                                           const at::Tensor& k,
-                                                           const at::Tensor& v,
-                                                           const std::optional<at::Tensor>& key_mask,
-                                                           bool causal, double scale,
-                                                           bool want_probs, bool simd);
+std::tuple<at::Tensor, at::Tensor> attention_train_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& key_mask, bool causal, double scale, bool want_probs,
+    bool simd);
 
-// The gradients (dq, dk, dv) of the forward above given the context's gradient (B, h, L, d)
-// and its weights, each in its input's dtype, views of (B, L, h, d) / (B, S, h, d) tensors.
+// The gradients (dq, dk, dv) of the forward above given the context's gradient (B, h, L, d),
+// its weights and the same `causal`, each in its input's dtype, views of (B, L, h, d) /
+// (B, S, h, d) tensors.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& probs, double scale, bool simd);
+    const at::Tensor& probs, double scale, bool causal, bool simd);
 
 }  // namespace nmt

@@ -56,13 +56,15 @@ void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, cons
   widen_heads(q, H, L, d, w.q.data(), dp);
   widen_heads(k, H, S, d, w.k.data(), dp);
   widen_heads(v, H, S, d, w.v.data(), dp);
+  // Causal weights are 0 past the diagonal (i + S - L): the products skip those keys.
+  const Band band = causal ? Band{Band::kAll, S - L} : kFull;
   for (int64_t h = 0; h < H; ++h) {
     const float *qh = w.q.data() + h * L * dp, *kh = w.k.data() + h * S * dp;
     transpose(kh, S, d, dp, scale, w.t.data(), sp);
     float* p = probs == nullptr ? w.p.data() : probs + h * L * sp;
     Ops::gemm(L, S, d, {qh, dp, 1}, w.t.data(), sp, p, sp);  // Q (scale K)^T
     weights(p, sp, key_ok, causal, L, S, w.hidden);
-    Ops::gemm(L, d, S, {p, sp, 1}, w.v.data() + h * S * dp, dp, w.o.data(), dp);  // P V
+    Ops::gemm(L, d, S, {p, sp, 1}, w.v.data() + h * S * dp, dp, w.o.data(), dp, band);  // P V
     narrow_rows(w.o.data(), dp, L, d, out.head(h));
   }
 }
@@ -72,8 +74,12 @@ void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, cons
 template <typename T>
 void backward_sentence(Heads<const T> g, Heads<const T> q, Heads<const T> k, Heads<const T> v,
                        const float* probs, int64_t H, int64_t L, int64_t S, int64_t d,
-                       float scale, Heads<T> dq, Heads<T> dk, Heads<T> dv, Scratch& w) {
+                       float scale, bool causal, Heads<T> dq, Heads<T> dk, Heads<T> dv,
+                       Scratch& w) {
   const int64_t dp = w.dp, sp = w.sp;
+  // As forward: products over causal weights (or their gradient) skip the future's zeros.
+  const Band band = causal ? Band{Band::kAll, S - L} : kFull;
+  const Band transposed{band.above, band.below};
   widen_heads(g, H, L, d, w.g.data(), dp);
   widen_heads(q, H, L, d, w.q.data(), dp);
   widen_heads(k, H, S, d, w.k.data(), dp);
@@ -83,7 +89,7 @@ void backward_sentence(Heads<const T> g, Heads<const T> q, Heads<const T> k, Hea
     const float *kh = w.k.data() + h * S * dp, *vh = w.v.data() + h * S * dp;
     const float* ph = probs + h * L * sp;
     transpose(vh, S, d, dp, 1.0f, w.t.data(), sp);
-    Ops::gemm(S, d, L, {ph, 1, sp}, gh, dp, w.dv.data(), dp);  // P^T G
+    Ops::gemm(S, d, L, {ph, 1, sp}, gh, dp, w.dv.data(), dp, transposed);  // P^T G
     float* ds = w.p.data();
     Ops::gemm(L, S, d, {gh, dp, 1}, w.t.data(), sp, ds, sp);  // G V^T
     for (int64_t i = 0; i < L; ++i) {
@@ -92,8 +98,8 @@ void backward_sentence(Heads<const T> g, Heads<const T> q, Heads<const T> k, Hea
       const float mean = Ops::dot(p, row, S);
       for (int64_t j = 0; j < S; ++j) row[j] = scale * p[j] * (row[j] - mean);
     }
-    Ops::gemm(L, d, S, {ds, sp, 1}, kh, dp, w.o.data(), dp);  // dS K
-    Ops::gemm(S, d, L, {ds, 1, sp}, qh, dp, w.dk.data(), dp);  // dS^T Q
+    Ops::gemm(L, d, S, {ds, sp, 1}, kh, dp, w.o.data(), dp, band);  // dS K
+    Ops::gemm(S, d, L, {ds, 1, sp}, qh, dp, w.dk.data(), dp, transposed);  // dS^T Q
     narrow_rows(w.o.data(), dp, L, d, dq.head(h));
     narrow_rows(w.dk.data(), dp, S, d, dk.head(h));
     narrow_rows(w.dv.data(), dp, S, d, dv.head(h));

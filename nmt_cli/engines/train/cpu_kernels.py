@@ -99,14 +99,16 @@ class _CompiledAttention(torch.autograd.Function):
         out, probs = kernel.attention_train_forward(q, k, v, key_mask, causal, scale, want, True)
         if want:
             ctx.save_for_backward(q, k, v, probs)
-            ctx.scale, ctx.kernel = scale, kernel
+            ctx.scale, ctx.causal, ctx.kernel = scale, causal, kernel
         result: Tensor = out
         return result
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, probs = ctx.saved_tensors
-        dq, dk, dv = ctx.kernel.attention_train_backward(grad_out, q, k, v, probs, ctx.scale, True)
+        dq, dk, dv = ctx.kernel.attention_train_backward(
+            grad_out, q, k, v, probs, ctx.scale, ctx.causal, True
+        )
         return dq, dk, dv, None, None, None
 
 
