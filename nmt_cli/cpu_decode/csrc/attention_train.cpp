@@ -308,6 +308,18 @@ Heads<T> heads_of(at::Tensor& t, int64_t b) {
   return {mdata<T>(t) + b * t.stride(0), t.stride(1), t.stride(2)};
 }
 
+// Asks for the next sentence's rows while this one computes: a projection's output is
+// larger than the cache, and a head's rows are short runs a stride apart.
+template <typename T>
+void prefetch(Heads<const T> x, int64_t H, int64_t n, int64_t d) {
+  constexpr int64_t kLine = 64 / sizeof(T);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < d; i += kLine) __builtin_prefetch(x(h, r) + i);
+    }
+  }
+}
+
 // One task per sentence: its rows of every head are read in one sweep through memory.
 template <typename T>
 void forward_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -317,6 +329,11 @@ void forward_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     Scratch w(H, L, S, d, false);
     for (int64_t b = begin; b < end; ++b) {
+      if (b + 1 < end) {
+        prefetch(heads_of<T>(q, b + 1), H, L, d);
+        prefetch(heads_of<T>(k, b + 1), H, S, d);
+        prefetch(heads_of<T>(v, b + 1), H, S, d);
+      }
       const bool* ok = key_ok == nullptr ? nullptr : key_ok + b * S;
       float* p = probs == nullptr ? nullptr : probs + b * H * L * w.sp;
 #if defined(__x86_64__)
@@ -340,6 +357,12 @@ void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     Scratch w(H, L, S, d, true);
     for (int64_t b = begin; b < end; ++b) {
+      if (b + 1 < end) {
+        prefetch(heads_of<T>(g, b + 1), H, L, d);
+        prefetch(heads_of<T>(q, b + 1), H, L, d);
+        prefetch(heads_of<T>(k, b + 1), H, S, d);
+        prefetch(heads_of<T>(v, b + 1), H, S, d);
+      }
       const float* p = probs + b * H * L * w.sp;
 #if defined(__x86_64__)
       if (simd) {
