@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -320,32 +321,52 @@ void prefetch(Heads<const T> x, int64_t H, int64_t n, int64_t d) {
   }
 }
 
-// One task per sentence: its rows of every head are read in one sweep through memory.
+// Sentences over the threads, one task each (its rows of every head are read in one sweep
+// through memory), each thread with its scratch; `ahead`'s rows of the next sentence are
+// prefetched while one computes.
+template <typename T, typename Run>
+void each_sentence(std::initializer_list<const at::Tensor*> ahead, int64_t B, int64_t H,
+                   int64_t L, int64_t S, int64_t d, bool backward, const Run& run) {
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    Scratch w(H, L, S, d, backward);
+    for (int64_t b = begin; b < end; ++b) {
+      for (const at::Tensor* t : ahead) {
+        if (b + 1 < end) prefetch(heads_of<T>(*t, b + 1), H, t->size(2), d);
+      }
+      run(b, w);
+    }
+  });
+}
+
+// The body's instantiation for this CPU.
+template <typename T>
+auto forward_kernel(bool simd) {
+#if defined(__x86_64__)
+  if (simd) return &avx512::forward_sentence<T>;
+#endif
+  (void)simd;
+  return &plain::forward_sentence<T>;
+}
+
+template <typename T>
+auto backward_kernel(bool simd) {
+#if defined(__x86_64__)
+  if (simd) return &avx512::backward_sentence<T>;
+#endif
+  (void)simd;
+  return &plain::backward_sentence<T>;
+}
+
 template <typename T>
 void forward_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                  const bool* key_ok, bool causal, float scale, at::Tensor& out, float* probs,
                  bool simd) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), d = q.size(3);
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    Scratch w(H, L, S, d, false);
-    for (int64_t b = begin; b < end; ++b) {
-      if (b + 1 < end) {
-        prefetch(heads_of<T>(q, b + 1), H, L, d);
-        prefetch(heads_of<T>(k, b + 1), H, S, d);
-        prefetch(heads_of<T>(v, b + 1), H, S, d);
-      }
-      const bool* ok = key_ok == nullptr ? nullptr : key_ok + b * S;
-      float* p = probs == nullptr ? nullptr : probs + b * H * L * w.sp;
-#if defined(__x86_64__)
-      if (simd) {
-        avx512::forward_sentence<T>(heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b), ok,
-                                    causal, H, L, S, d, scale, heads_of<T>(out, b), p, w);
-        continue;
-      }
-#endif
-      plain::forward_sentence<T>(heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b), ok,
-                                 causal, H, L, S, d, scale, heads_of<T>(out, b), p, w);
-    }
+  const auto kernel = forward_kernel<T>(simd);
+  each_sentence<T>({&q, &k, &v}, B, H, L, S, d, false, [&](int64_t b, Scratch& w) {
+    kernel(heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b),
+           key_ok == nullptr ? nullptr : key_ok + b * S, causal, H, L, S, d, scale,
+           heads_of<T>(out, b), probs == nullptr ? nullptr : probs + b * H * L * w.sp, w);
   });
 }
 
@@ -354,30 +375,11 @@ void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
                   const at::Tensor& v, const float* probs, float scale, bool causal,
                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool simd) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), d = q.size(3);
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    Scratch w(H, L, S, d, true);
-    for (int64_t b = begin; b < end; ++b) {
-      if (b + 1 < end) {
-        prefetch(heads_of<T>(g, b + 1), H, L, d);
-        prefetch(heads_of<T>(q, b + 1), H, L, d);
-        prefetch(heads_of<T>(k, b + 1), H, S, d);
-        prefetch(heads_of<T>(v, b + 1), H, S, d);
-      }
-      const float* p = probs + b * H * L * w.sp;
-#if defined(__x86_64__)
-      if (simd) {
-        avx512::backward_sentence<T>(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b),
-                                     heads_of<T>(v, b), p, H, L, S, d, scale, causal,
-                                     heads_of<T>(dq, b), heads_of<T>(dk, b), heads_of<T>(dv, b),
-                                     w);
-        continue;
-      }
-#endif
-      plain::backward_sentence<T>(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b),
-                                  heads_of<T>(v, b), p, H, L, S, d, scale, causal,
-                                  heads_of<T>(dq, b),
-                                  heads_of<T>(dk, b), heads_of<T>(dv, b), w);
-    }
+  const auto kernel = backward_kernel<T>(simd);
+  each_sentence<T>({&g, &q, &k, &v}, B, H, L, S, d, true, [&](int64_t b, Scratch& w) {
+    kernel(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b),
+           probs + b * H * L * w.sp, H, L, S, d, scale, causal, heads_of<T>(dq, b),
+           heads_of<T>(dk, b), heads_of<T>(dv, b), w);
   });
 }
 
