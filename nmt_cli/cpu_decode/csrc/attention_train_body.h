@@ -1,8 +1,8 @@
-// The body of training's attention, one (sentence, head) at a time, written once over the
-// operations of `Ops` (attention_train.cpp includes it twice: inside a namespace whose
-// `Ops` is plain loops and inside one compiled for AVX-512, so every call inlines).
+// The body of training's attention, one sentence (all its heads) at a time, written once
+// over the operations of `Ops` (attention_train.cpp includes it twice: inside a namespace
+// whose `Ops` is plain loops and inside one compiled for AVX-512, so every call inlines).
 // No include guard and no includes: it is meant to be included inside a namespace, after
-// attention_train.cpp's `Scratch`, `Rows` and `Strided`.
+// attention_train.cpp's `Scratch`, `Rows`, `Heads`, `Strided` and `Band`.
 
 // scale * a (rows x cols, row stride lda) -> out (cols x rows, row stride ldo); written in
 // order (strided reads are cheaper than strided writes).
@@ -28,14 +28,10 @@ void narrow_rows(const float* x, int64_t ldx, int64_t n, int64_t d, Rows<T> out)
   for (int64_t r = 0; r < n; ++r) Ops::narrow(x + r * ldx, out[r], d);
 }
 
-// Scaled scores (L x S, row stride ldp, in `probs`) -> the weights: masked (-inf),
-// softmax per row.
-inline void weights(float* probs, int64_t ldp, const bool* key_ok, bool causal, int64_t L,
-                    int64_t S, std::vector<int64_t>& hidden) {
-  hidden.clear();
-  for (int64_t j = 0; key_ok != nullptr && j < S; ++j) {
-    if (!key_ok[j]) hidden.push_back(j);
-  }
+// Scaled scores (L x S, row stride ldp, in `probs`) -> the weights: the keys in `hidden`
+// and a causal query's future masked (-inf), softmax per row.
+inline void weights(float* probs, int64_t ldp, const std::vector<int64_t>& hidden, bool causal,
+                    int64_t L, int64_t S) {
   for (int64_t i = 0; i < L; ++i) {
     float* p = probs + i * ldp;
     for (const int64_t j : hidden) p[j] = -INFINITY;
@@ -56,6 +52,10 @@ void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, cons
   widen_heads(q, H, L, d, w.q.data(), dp);
   widen_heads(k, H, S, d, w.k.data(), dp);
   widen_heads(v, H, S, d, w.v.data(), dp);
+  w.hidden.clear();  // the keys the padding mask hides, the same for every head
+  for (int64_t j = 0; key_ok != nullptr && j < S; ++j) {
+    if (!key_ok[j]) w.hidden.push_back(j);
+  }
   // Causal weights are 0 past the diagonal (i + S - L): the products skip those keys.
   const Band band = causal ? Band{Band::kAll, S - L} : kFull;
   for (int64_t h = 0; h < H; ++h) {
@@ -63,7 +63,7 @@ void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, cons
     transpose(kh, S, d, dp, scale, w.t.data(), sp);
     float* p = probs == nullptr ? w.p.data() : probs + h * L * sp;
     Ops::gemm(L, S, d, {qh, dp, 1}, w.t.data(), sp, p, sp);  // Q (scale K)^T
-    weights(p, sp, key_ok, causal, L, S, w.hidden);
+    weights(p, sp, w.hidden, causal, L, S);
     Ops::gemm(L, d, S, {p, sp, 1}, w.v.data() + h * S * dp, dp, w.o.data(), dp, band);  // P V
     narrow_rows(w.o.data(), dp, L, d, out.head(h));
   }
