@@ -16,6 +16,11 @@ cache protocols, and core/step_linear.py's `StepLinear` for stand-in layers. Cor
 imports this package.
 """
 
-from nmt_cli.cpu_decode.decoder import CpuDecoder, beam_advance, cpu_decoders
+from nmt_cli.cpu_decode.decoder import (
+    CpuDecoder,
+    beam_advance,
+    cpu_decoders,
+    decoder_shape_free_rows,
+)
 
-__all__ = ["CpuDecoder", "beam_advance", "cpu_decoders"]
+__all__ = ["CpuDecoder", "beam_advance", "cpu_decoders", "decoder_shape_free_rows"]

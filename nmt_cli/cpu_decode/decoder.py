@@ -15,6 +15,7 @@ the output projection and log-softmax, or the compiled step, which is tested to 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, cast
@@ -25,7 +26,7 @@ from torch import Tensor, nn
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.search import Advance, BeamAdvance, torch_advance
-from nmt_cli.core.step_linear import StepLinear, linear
+from nmt_cli.core.step_linear import StepLinear, linear, shape_free_rows
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.cpu_decode.build import CompileError, prepare_kernel
@@ -131,6 +132,18 @@ class CpuDecoder(nn.Module):
             logits = linear(self.projection, hidden)
         return self.log_probs(logits), weights
 
+    def shape_free_rows(self) -> float:
+        """The most rows a step takes without a product building a kernel for its shape
+        (step_linear.shape_free_rows over every linear layer and the output projection,
+        which without a stand-in is the tied embedding in the model's dtype)."""
+        layers = [m for m in self.model.modules() if isinstance(m, (nn.Linear, StepLinear))]
+        rows = [shape_free_rows(layer) for layer in layers]
+        if self.projection is not None:
+            rows.append(shape_free_rows(self.projection))
+        elif self.model.tgt_embed.tokens.weight.dtype != torch.float32:
+            rows.append(0.0)
+        return min(rows, default=math.inf)
+
     def log_probs(self, logits: Tensor) -> Tensor:
         """log_softmax in float32: the module's three passes where its arithmetic is this
         model's (faster; equal to PyTorch's to ~2e-6), PyTorch's otherwise."""
@@ -147,6 +160,13 @@ def beam_advance(model: nn.Module) -> BeamAdvance:
         if isinstance(module, CpuDecoder):
             return module.advance
     return torch_advance
+
+
+def decoder_shape_free_rows(model: nn.Module) -> float | None:
+    """The fewest `CpuDecoder.shape_free_rows` of `model`'s CpuDecoders (an ensemble's
+    members), None where it has none (a model on a GPU)."""
+    rows = [m.shape_free_rows() for m in model.modules() if isinstance(m, CpuDecoder)]
+    return min(rows) if rows else None
 
 
 # The decode-only linear layers of each precision (fp32 keeps PyTorch's nn.Linear).

@@ -28,6 +28,7 @@ parameters, so it is never trained or saved.
 
 from __future__ import annotations
 
+import math
 import warnings
 from functools import cache
 from pathlib import Path
@@ -89,6 +90,11 @@ class PackedLinear(StepLinear):
             return self._module(x, residual, False)
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
 
+    def shape_free_rows(self) -> float:
+        """The compiled kernel's rows; oneDNN builds a kernel per shape (above them, or
+        at every size without the module)."""
+        return float(self.kernel.kernel_rows()) if self.kernel is not None else 0.0
+
 
 class Int8Linear(StepLinear):
     """y ~ x W^T + b with int8 weights (one scale per output row) and int8 activations,
@@ -146,6 +152,11 @@ class Int8Linear(StepLinear):
         if self.kernel is not None:
             return self._rows(x, residual, False)
         return residual + self.forward(x)
+
+    def shape_free_rows(self) -> float:
+        """The compiled kernel takes any rows as they come; PyTorch's quantized engines
+        are not relied on to."""
+        return math.inf if self.kernel is not None else 0.0
 
 
 @cache

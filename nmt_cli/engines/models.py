@@ -19,9 +19,16 @@ from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
 from nmt_cli.core.ensemble import Ensemble, Member, check_same_vocabularies
 from nmt_cli.core.precision import DecodePrecision, dtype_of
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.cpu_decode import beam_advance, cpu_decoders
+from nmt_cli.cpu_decode import beam_advance, cpu_decoders, decoder_shape_free_rows
 
-__all__ = ["ModelPaths", "as_paths", "beam_advance", "build_decoder", "load_checkpoints"]
+__all__ = [
+    "ModelPaths",
+    "as_paths",
+    "beam_advance",
+    "build_decoder",
+    "decoder_shape_free_rows",
+    "load_checkpoints",
+]
 
 ModelPaths = str | Path | Sequence[str | Path]
 

@@ -7,6 +7,7 @@ cannot be built, decoding falls back to the Python step and says why."""
 from __future__ import annotations
 
 import copy
+import math
 import os
 import shutil
 import time
@@ -29,7 +30,7 @@ from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.cpu_decode import build
 from nmt_cli.cpu_decode.build import CompileError
-from nmt_cli.cpu_decode.decoder import CpuDecoder, kernel_advance
+from nmt_cli.cpu_decode.decoder import CpuDecoder, decoder_shape_free_rows, kernel_advance
 from nmt_cli.cpu_decode.linear import Int8Linear, PackedLinear, packed_bf16_available
 from nmt_cli.cpu_decode.slot_cache import SlotCache
 from nmt_cli.engines.models import build_decoder
@@ -160,6 +161,27 @@ def test_more_rows_than_the_kernel_takes_go_to_onednn(kernel: ModuleType) -> Non
     x = torch.randn(129, 32).bfloat16()
     with_kernel, onednn = PackedLinear(w, b, kernel), PackedLinear(w, b)
     assert torch.equal(with_kernel(x), onednn(x))
+
+
+def test_a_decoder_says_up_to_how_many_rows_no_product_builds_a_kernel(
+    kernel: ModuleType,
+) -> None:
+    """Beam search keeps finished sentences as filler only above these rows (kept_slots):
+    fp32 and the int8 kernel build no kernel per shape, oneDNN's bf16 products one per
+    shape, the module's bf16 kernel none up to its rows."""
+    assert decode_model("fp32", kernel).shape_free_rows() == math.inf
+    assert decode_model("bf16").shape_free_rows() == 0  # oneDNN's packed products only
+    if kernel.int8_kernel_available():
+        assert decode_model("int8", kernel).shape_free_rows() == math.inf
+    assert decode_model("int8").shape_free_rows() == 0
+    if not kernel.bf16_kernel_available():
+        pytest.skip("this CPU has no AVX-512 BF16")
+    assert kernel.kernel_rows() == 128
+    bf16 = decode_model("bf16", kernel)
+    assert bf16.shape_free_rows() == 128
+    # an ensemble's search takes its members' fewest
+    assert decoder_shape_free_rows(Ensemble([bf16, decode_model("fp32", kernel)])) == 128
+    assert decoder_shape_free_rows(random_model()) is None  # no CpuDecoder: not for the CPU
 
 
 @pytest.mark.parametrize(("sentences", "k", "vocab"), [(1, 4, 50), (3, 4, 8000), (5, 1, 7)])

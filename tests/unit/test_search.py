@@ -17,6 +17,7 @@ from nmt_cli.core.search import (
     batch_bucket,
     beam_search,
     greedy_search,
+    kept_slots,
     length_penalty_value,
     max_output_lengths,
 )
@@ -167,6 +168,14 @@ def test_maximum_length_forces_the_end(batch: Tensor) -> None:
 def test_finished_sentences_leave_the_batch_in_few_shapes() -> None:
     assert [batch_bucket(n) for n in range(1, 10)] == [1, 2, 4, 4, 8, 8, 8, 8, 16]
     assert batch_bucket(121) == 128 and batch_bucket(128) == 128
+
+
+def test_kept_slots_are_exact_while_the_beams_fit_the_shape_free_rows() -> None:
+    slots = kept_slots(128, 4)  # the bf16 kernel's 128 rows, beam 4: 32 sentences
+    assert [slots(n) for n in (1, 3, 5, 9, 31, 32)] == [1, 3, 5, 9, 31, 32]
+    assert [slots(n) for n in (33, 41, 64)] == [40, 48, 64]  # oneDNN's products: buckets
+    assert [kept_slots(math.inf, 4)(n) for n in (3, 33, 100)] == [3, 33, 100]  # fp32
+    assert [kept_slots(0, 1)(n) for n in range(1, 10)] == [batch_bucket(n) for n in range(1, 10)]
     # Sentences whose length limits differ finish at different steps (limits 1, 2, 3, 6:
     # |source| + b with b = 0); the batch keeps finished ones as filler (3 open -> 4 slots)
     # and each sentence still gets exactly its own hypotheses.
@@ -193,9 +202,9 @@ class RowCounter(ScriptedModel):
 
 
 def test_finished_sentences_can_leave_the_batch_at_once() -> None:
-    """With `bucket=int` (the translator's choice in fp32) a batch keeps exactly its open
-    sentences: its rows shrink as each one ends, and every sentence gets the hypotheses
-    it gets with the buckets' filler."""
+    """With `bucket=int` (the translator's kept_slots where no product builds a kernel per
+    shape) a batch keeps exactly its open sentences: its rows shrink as each one ends, and
+    every sentence gets the hypotheses it gets with the buckets' filler."""
     src = torch.tensor([[A, EOS, 0, 0, 0, 0, 0], [A, A, EOS, 0, 0, 0, 0],
                         [A, A, A, EOS, 0, 0, 0], [B] * 6 + [EOS]])  # fmt: skip
     found = {}

@@ -352,6 +352,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_kernel_available", &nmt::bf16_kernel_available);
   m.def("pack_bf16", &nmt::pack_bf16);
   m.def("packed_linear", &nmt::packed_linear);
+  m.def("kernel_rows", [] { return nmt::kKernelRows; });
   m.def("beam_topk", &nmt::beam_topk);
   m.def("beam_advance", &nmt::beam_advance);
   m.def("int8_kernel_available", &nmt::int8_kernel_available);

@@ -14,6 +14,7 @@ never dropped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,12 +31,18 @@ from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
 from nmt_cli.core.search import (
     Hypothesis,
     Searchable,
-    batch_bucket,
     beam_search,
     greedy_search,
+    kept_slots,
 )
 from nmt_cli.core.vocab import UNK_ID, VocabPair
-from nmt_cli.engines.models import ModelPaths, beam_advance, build_decoder, load_checkpoints
+from nmt_cli.engines.models import (
+    ModelPaths,
+    beam_advance,
+    build_decoder,
+    decoder_shape_free_rows,
+    load_checkpoints,
+)
 from nmt_cli.engines.translate.alignment import format_alignment, hard_alignment
 from nmt_cli.engines.translate.chunks import chunked
 from nmt_cli.engines.translate.loading import (
@@ -110,8 +117,12 @@ class Translator:
         )
         self._pool: DecodePool | None = None
         self.advance = beam_advance(cast(nn.Module, model))  # search's, with the step
-        # Finished sentences leave the batch at once in fp32 (see search.batch_bucket).
-        self.bucket = int if self.precision in ("fp32", "float32") else batch_bucket
+        # Finished sentences leave the batch at once where no product builds a kernel for
+        # the new shape (search.kept_slots); a model on a GPU: in fp32.
+        rows = decoder_shape_free_rows(cast(nn.Module, model))
+        if rows is None:
+            rows = math.inf if self.precision in ("fp32", "float32") else 0.0
+        self.bucket = kept_slots(rows, cfg.beam_size)
         self.aligner: CrossAttentionOf | None = None
         if alignment_layer is not None:
             layers = decoder_layers(model)
