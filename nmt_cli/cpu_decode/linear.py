@@ -155,7 +155,7 @@ class Int8Linear(StepLinear):
 
     def shape_free_rows(self) -> float:
         """The compiled kernel takes any rows as they come; PyTorch's quantized engines
-        are not relied on to."""
+        may build a kernel per shape."""
         return math.inf if self.kernel is not None else 0.0
 
 
