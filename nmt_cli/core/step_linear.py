@@ -11,10 +11,8 @@ model never knows which layers it holds.
 
 from __future__ import annotations
 
-import math
 from typing import cast
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -32,21 +30,6 @@ class StepLinear(nn.Module):
     def add(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + x W^T + b."""
         return residual + self.forward(x)
-
-    def shape_free_rows(self) -> float:
-        """The most rows a product of this layer takes without building a kernel for the
-        shape (0: it may build one for any new shape). Beam search keeps finished
-        sentences as filler only above it (search.kept_slots)."""
-        return 0.0
-
-
-def shape_free_rows(layer: nn.Module) -> float:
-    """`StepLinear.shape_free_rows` of any step linear layer: a plain float32 `nn.Linear`
-    builds no kernel per shape at any size; in another dtype oneDNN may."""
-    if isinstance(layer, StepLinear):
-        return layer.shape_free_rows()
-    assert isinstance(layer, nn.Linear)
-    return math.inf if layer.weight.dtype == torch.float32 else 0.0
 
 
 def linear(layer: nn.Module, x: Tensor) -> Tensor:

@@ -26,12 +26,12 @@ from torch import Tensor, nn
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.search import Advance, BeamAdvance, torch_advance
-from nmt_cli.core.step_linear import StepLinear, linear, shape_free_rows
+from nmt_cli.core.step_linear import StepLinear, linear
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.cpu_decode.build import CompileError, prepare_kernel
 from nmt_cli.cpu_decode.contract import ContractError
-from nmt_cli.cpu_decode.linear import LinearKind, specialise_linears
+from nmt_cli.cpu_decode.linear import Int8Linear, LinearKind, PackedLinear, specialise_linears
 from nmt_cli.cpu_decode.slot_cache import SlotCache
 from nmt_cli.cpu_decode.step import CompiledStep
 from nmt_cli.cpu_decode.support import unsupported
@@ -133,13 +133,14 @@ class CpuDecoder(nn.Module):
         return self.log_probs(logits), weights
 
     def shape_free_rows(self) -> float:
-        """The most rows a step takes without a product building a kernel for its shape
-        (step_linear.shape_free_rows over every linear layer and the output projection,
-        which without a stand-in is the tied embedding in the model's dtype)."""
+        """The most rows a step takes without a product building a kernel for its shape:
+        the fewest of every linear layer's and the output projection's (without a stand-in,
+        the tied embedding in the model's dtype). Beam search keeps finished sentences as
+        filler only above it (search.kept_slots)."""
         layers = [m for m in self.model.modules() if isinstance(m, (nn.Linear, StepLinear))]
-        rows = [shape_free_rows(layer) for layer in layers]
+        rows = [_shape_free_rows(layer) for layer in layers]
         if self.projection is not None:
-            rows.append(shape_free_rows(self.projection))
+            rows.append(_shape_free_rows(self.projection))
         elif self.model.tgt_embed.tokens.weight.dtype != torch.float32:
             rows.append(0.0)
         return min(rows, default=math.inf)
@@ -160,6 +161,17 @@ def beam_advance(model: nn.Module) -> BeamAdvance:
         if isinstance(module, CpuDecoder):
             return module.advance
     return torch_advance
+
+
+def _shape_free_rows(layer: nn.Module) -> float:
+    """Up to how many rows `layer`'s product builds no kernel for a new shape: a float32
+    `nn.Linear` at any size (oneDNN in another dtype may), the stand-ins as they say, an
+    unknown stand-in none."""
+    if isinstance(layer, (PackedLinear, Int8Linear)):
+        return layer.shape_free_rows()
+    if isinstance(layer, nn.Linear):
+        return math.inf if layer.weight.dtype == torch.float32 else 0.0
+    return 0.0
 
 
 def decoder_shape_free_rows(model: nn.Module) -> float | None:

@@ -91,8 +91,8 @@ class PackedLinear(StepLinear):
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed, self.bias, "add")
 
     def shape_free_rows(self) -> float:
-        """The compiled kernel's rows; oneDNN builds a kernel per shape (above them, or
-        at every size without the module)."""
+        """Up to how many rows a product builds no kernel for a new shape: the compiled
+        kernel's; oneDNN builds one per shape (above them, or at every size without it)."""
         return float(self.kernel.kernel_rows()) if self.kernel is not None else 0.0
 
 
