@@ -141,8 +141,8 @@ class CpuDecoder(nn.Module):
         rows = [_shape_free_rows(layer) for layer in layers]
         if self.projection is not None:
             rows.append(_shape_free_rows(self.projection))
-        elif self.model.tgt_embed.tokens.weight.dtype != torch.float32:
-            rows.append(0.0)
+        else:
+            rows.append(_plain_rows(self.model.tgt_embed.tokens.weight))
         return min(rows, default=math.inf)
 
     def log_probs(self, logits: Tensor) -> Tensor:
@@ -164,14 +164,19 @@ def beam_advance(model: nn.Module) -> BeamAdvance:
 
 
 def _shape_free_rows(layer: nn.Module) -> float:
-    """Up to how many rows `layer`'s product builds no kernel for a new shape: a float32
-    `nn.Linear` at any size (oneDNN in another dtype may), the stand-ins as they say, an
-    unknown stand-in none."""
+    """Up to how many rows `layer`'s product builds no kernel for a new shape: the
+    stand-ins as they say, an `nn.Linear` by its dtype, an unknown stand-in none."""
     if isinstance(layer, (PackedLinear, Int8Linear)):
         return layer.shape_free_rows()
     if isinstance(layer, nn.Linear):
-        return math.inf if layer.weight.dtype == torch.float32 else 0.0
+        return _plain_rows(layer.weight)
     return 0.0
+
+
+def _plain_rows(weight: Tensor) -> float:
+    """PyTorch's own product with `weight` (`F.linear`): float32 builds no kernel per
+    shape, oneDNN in other dtypes does."""
+    return math.inf if weight.dtype == torch.float32 else 0.0
 
 
 def decoder_shape_free_rows(model: nn.Module) -> float | None:
