@@ -65,7 +65,7 @@ def serve(
     )
     # The models' ~200,000 Python objects live as long as the server: moved out of the
     # collector's reach, a full collection no longer walks them (140 ms pauses of the
-    # event loop, every 20 s or so under load, became 5 ms).
+    # event loop, every 20 s or so under load, became 3-5 ms).
     gc.collect()
     gc.freeze()
     try:
