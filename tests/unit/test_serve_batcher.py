@@ -33,9 +33,11 @@ class Model:
         self.gate.set()
         self.started = threading.Event()
         self.taken: list[int] = []  # each call's sentences, when it starts
+        self.starts: list[float] = []  # each call's time.monotonic(), when it starts
 
     def decode(self, lines: list[str], options: Options) -> list[Translation]:
         self.taken.append(len(lines))
+        self.starts.append(time.monotonic())
         self.started.set()
         self.gate.wait(10)
         time.sleep(self.seconds)
@@ -225,6 +227,24 @@ def test_a_lane_that_answered_waits_briefly_for_those_clients_to_come_back(
     assert texts(alone.future.result(5)) == ["C"]
     assert time.monotonic() - start < 1.5
     assert model.taken == batches
+    queue.stop(5)
+
+
+def test_a_lane_whose_clients_are_all_back_decodes_at_once() -> None:
+    """The return wait ends once as many sentences have come as the lane answered,
+    counted from its answers: clients back within a millisecond are decoded then, not
+    after the whole wait (the lane once counted them twice and waited for more)."""
+    model = Model(0.5)  # each batch takes 0.5 s: a wait of up to 0.5 s is allowed
+    queue = Batcher("en-de", model.decode, Metrics(), 100, 10, 0.0, return_s=2.0, wait_share=1.0)
+    first = [queue.submit([f"a{i}"], PLAIN, 10) for i in range(4)]
+    queue.start()
+    for job in first:
+        job.future.result(5)
+    again = [queue.submit([f"b{i}"], PLAIN, 10) for i in range(4)]
+    back = time.monotonic()
+    assert [texts(job.future.result(5)) for job in again] == [[f"B{i}"] for i in range(4)]
+    assert model.taken == [4, 4]
+    assert model.starts[1] - back < 0.25
     queue.stop(5)
 
 

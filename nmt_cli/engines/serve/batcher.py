@@ -1,17 +1,17 @@
 """Batching across requests: one queue per model, and its decoding lanes.
 
 A request's sentences go on the model's queue as one `Job` with its decoding options, its
-deadline and a future. A lane (a thread; one per worker process of the model) takes the
-first job, waits up to `gather_s` for more (or until `max_batch` sentences wait) while
-another lane is decoding (with every lane idle the load is light, and it takes the job at
-once), and, having just answered n sentences, up to `return_s` for 90% of n to have come
-back (the clients it answered send their next ones within milliseconds; without the wait
-those queued for the next free lane: at 64 closed-loop clients a third of them always
-waited, and the lanes decoded batches of 21 instead of 31). Neither wait takes longer than
-3% of the time the lane's last batch took to decode. It then takes jobs in arrival order
-up to its share (an even split among all lanes of what waits and what the other lanes
-are decoding, at most `max_batch`), and decodes those that share
-options together: one call of `decode` with all their sentences, which sorts them by
+deadline and a future. A lane (a thread; one per worker process of the model) that has
+just answered n sentences waits up to `return_s` for n more to have come since (the
+clients it answered send their next ones within milliseconds; without the wait those
+queued for the next free lane: at 64 closed-loop clients a third of them always waited,
+and the lanes decoded batches of 21 instead of 31). Any other lane takes the first job
+and waits up to `gather_s` for more (or until `max_batch` sentences wait) while another
+lane is decoding (with every lane idle the load is light, and it takes the job at once).
+Neither wait takes longer than 3% of the time the lane's last batch took to decode. It
+then takes jobs in arrival order up to its share (an even split among all lanes of what
+waits and what the other lanes are decoding, at most `max_batch`), and decodes those that
+share options together: one call of `decode` with all their sentences, which sorts them by
 length into a batch as `nmt translate` does. Each job's future then gets its own results,
 in its own order. The lanes work side by side: while one lane's batch decodes on one
 core, the next requests gather for the next free lane, so under load every core decodes a
@@ -42,6 +42,9 @@ from nmt_cli.engines.serve.metrics import Metrics
 
 if TYPE_CHECKING:
     from nmt_cli.engines.translate.translator import Translation
+
+    # A job's future and what it is to be set to: its results, or the decoding's failure.
+    Answer = tuple[Future[list[Translation]], list[Translation] | Exception]
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class Batcher:
         self.return_s, self.wait_share = return_s, wait_share
         self._jobs: deque[Job] = deque()
         self._queued = 0  # sentences in _jobs
+        self._arrived = 0  # sentences ever queued
         self._decoding = 0  # sentences the lanes took and have not answered yet
         self._cond = threading.Condition()
         self._stopping = False
@@ -152,6 +156,7 @@ class Batcher:
             job = Job(sentences, options, time.monotonic() + timeout_s)
             self._jobs.append(job)
             self._queued += len(sentences)
+            self._arrived += len(sentences)
             self._cond.notify_all()
         return job
 
@@ -170,19 +175,26 @@ class Batcher:
 
     def _run(self) -> None:
         answered = 0  # sentences of this lane's last batch: their clients may send more
+        mark = 0  # sentences ever queued when this lane answered that batch
         took_s: float | None = None  # how long that batch took to decode
-        while (jobs := self._take(answered, took_s)) is not None:
+        while (jobs := self._take(answered, mark, took_s)) is not None:
             answered = sum(len(job.sentences) for job in jobs)
             groups: dict[Options, list[Job]] = {}
             for job in jobs:
                 groups.setdefault(job.options, []).append(job)
             started = time.monotonic()
             try:
-                for options, group in groups.items():
-                    self._decode(options, group)
+                answers = [a for opts, group in groups.items() for a in self._decode(opts, group)]
             finally:
                 self._count_decoding(-answered)
             took_s = time.monotonic() - started
+            with self._cond:  # before any of its clients can have sent again
+                mark = self._arrived
+            for future, outcome in answers:
+                if isinstance(outcome, Exception):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
 
     def _count_decoding(self, change: int) -> None:
         """Sentences taken by the lanes and not answered yet: the lanes' shares and the
@@ -191,18 +203,20 @@ class Batcher:
             self._decoding += change
             self.metrics.decoding(self.pair, change)
 
-    def _take(self, answered: int, took_s: float | None) -> list[Job] | None:
+    def _take(self, answered: int, mark: int, took_s: float | None) -> list[Job] | None:
         """A lane's next jobs (possibly none: they had expired, or other free lanes took
         them); None: stop."""
         with self._cond:
-            taken, expired = self._gather(answered, took_s)
+            taken, expired = self._gather(answered, mark, took_s)
         for job in expired:
             if job.future.set_running_or_notify_cancel():  # False: its client cancelled it
                 job.future.set_exception(DeadlineExceeded())
             self.metrics.dropped(self.pair, "timeout", len(job.sentences))
         return taken
 
-    def _gather(self, answered: int, took_s: float | None) -> tuple[list[Job] | None, list[Job]]:
+    def _gather(
+        self, answered: int, mark: int, took_s: float | None
+    ) -> tuple[list[Job] | None, list[Job]]:
         """Under the lock, as a free lane: wait for work and the gather window, then take
         this lane's share in arrival order; also the jobs found past their deadline."""
         while not self._jobs and not self._stopping:
@@ -211,18 +225,27 @@ class Batcher:
             return None, []
         # Neither wait costs more than a small share of what the lane's last batch took.
         cap = math.inf if took_s is None else self.wait_share * took_s
-        # With no lane decoding, the load is light: a gather window would only hold the
-        # request back (a lone client's sentence by the whole window), and what arrives
-        # next goes to the other lanes or queues behind this batch.
-        gather_s = min(self.gather_s, cap) if self._decoding else 0.0
-        gathered = self._jobs[0].arrived + gather_s
-        self._wait_while(lambda: bool(self._jobs) and self._queued < self.max_batch, gathered)
         wait_s = min(self.return_s, cap)
         if answered and wait_s > 0:
             # The clients this lane just answered are sending their next sentences: wait
-            # briefly for most of them, or they queue until the next lane frees.
-            want = min(self.max_batch, self._queued + answered * 9 // 10)
-            self._wait_while(lambda: self._queued < want, time.monotonic() + wait_s)
+            # until as many sentences have come since it answered (or a full batch
+            # waits), or they queue until the next lane frees. This takes the place of
+            # the gather window, which held the batch a fixed time after the first of
+            # them came (64 clients: all back ~9 ms after the answers, the window ending
+            # at ~11 ms). Counted from the answers, not from now: that counted the
+            # returned clients twice and always waited the whole wait (24 ms a batch).
+            want = mark + answered
+            self._wait_while(
+                lambda: self._arrived < want and self._queued < self.max_batch,
+                time.monotonic() + wait_s,
+            )
+        else:
+            # With no lane decoding, the load is light: a gather window would only hold
+            # the request back (a lone client's sentence by the whole window), and what
+            # arrives next goes to the other lanes or queues behind this batch.
+            gather_s = min(self.gather_s, cap) if self._decoding else 0.0
+            gathered = self._jobs[0].arrived + gather_s
+            self._wait_while(lambda: bool(self._jobs) and self._queued < self.max_batch, gathered)
         # An even share of all the work there is, waiting and being decoded, for every
         # lane: a lane that took everything that waited while the other was nearly done
         # would keep a large batch, the other small ones, for as long as the load lasts.
@@ -254,17 +277,19 @@ class Batcher:
                 return
             self._cond.wait(left)
 
-    def _decode(self, options: Options, jobs: list[Job]) -> None:
+    def _decode(self, options: Options, jobs: list[Job]) -> list[Answer]:
+        """Each job's future and what it is to get: its own results, or the decoding's
+        failure (the requests fail with 500; the server goes on)."""
         lines = [sentence for job in jobs for sentence in job.sentences]
         try:
             results = self.decode(lines, options)
-        except Exception as exc:  # the requests fail (500); the server goes on
-            for job in jobs:
-                job.future.set_exception(exc)
-            return
+        except Exception as exc:
+            return [(job.future, exc) for job in jobs]
         tokens = sum(r.hypotheses[0].length for r in results if r.hypotheses)
         self.metrics.decoded(self.pair, len(lines), tokens)
+        answers: list[Answer] = []
         start = 0
         for job in jobs:
-            job.future.set_result(results[start : start + len(job.sentences)])
+            answers.append((job.future, results[start : start + len(job.sentences)]))
             start += len(job.sentences)
+        return answers
