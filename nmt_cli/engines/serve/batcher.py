@@ -217,8 +217,9 @@ class Batcher:
     def _gather(
         self, answered: int, mark: int, took_s: float | None
     ) -> tuple[list[Job] | None, list[Job]]:
-        """Under the lock, as a free lane: wait for work and the gather window, then take
-        this lane's share in arrival order; also the jobs found past their deadline."""
+        """Under the lock, as a free lane: wait for work, then for the clients it answered
+        (or the gather window), then take this lane's share in arrival order; also the
+        jobs found past their deadline."""
         while not self._jobs and not self._stopping:
             self._cond.wait()
         if self._stopping:
