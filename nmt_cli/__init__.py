@@ -7,7 +7,10 @@
 
 from typing import Any
 
+from nmt_cli.cpu_level import apply_to_torch_environment
 from nmt_cli.version import __version__
+
+apply_to_torch_environment()  # NMT_CPU_LEVEL caps oneDNN and ATen only if set before torch loads
 
 __all__ = ["DecodeConfig", "Translator", "__version__"]
 

@@ -21,6 +21,7 @@ from nmt_cli import __version__
 from nmt_cli.commands.attention import attention
 from nmt_cli.commands.average import average_checkpoints
 from nmt_cli.commands.common import fail
+from nmt_cli.commands.env import env
 from nmt_cli.commands.export import export
 from nmt_cli.commands.import_ import import_command
 from nmt_cli.commands.plot import plot
@@ -123,6 +124,7 @@ app.command("sweep")(sweep)
 app.command("attention")(attention)
 app.command("plot")(plot)
 app.command("serve")(serve)
+app.command("env")(env)
 
 
 def main() -> None:

@@ -6,9 +6,17 @@ import dataclasses
 from collections.abc import Iterator
 
 import pytest
-import torch
 
-from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.cpu_level import apply_to_torch_environment
+
+# Before torch loads: NMT_CPU_LEVEL=avx2 (say) caps oneDNN and ATen too, so the whole suite
+# runs as on a CPU of that level.
+apply_to_torch_environment()
+
+# isort: split
+import torch  # noqa: E402
+
+from nmt_cli.core.transformer import ModelConfig, Transformer  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 

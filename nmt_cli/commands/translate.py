@@ -21,7 +21,6 @@ from nmt_cli.config import DECODE_PRECISIONS, DecodeConfig, DecodePrecision
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 
-COMPILING = "compiling the decoder step for this machine (once; about a minute)"
 FALLBACK = "decoding with the slower Python step"
 _D = DecodeConfig()  # the defaults: the paper's decoding settings (section 6.1)
 # the recipe's decode.* keys as this command's flags, for messages about their values
@@ -140,6 +139,7 @@ def translate(
             compiled_step=not python_step,
         )  # fmt: skip
         alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
+        warn_emulated_bf16(cfg.precision, cfg.device)
         report = translate_file(
             model,
             cfg,
@@ -149,7 +149,7 @@ def translate(
             # 0: the default layer (the penultimate); None: no alignments
             alignment_layer=alignment_layer if alignment else None,
             on_bad_utf8=on_bad_utf8,
-            on_compile=lambda: info(COMPILING, verbosity),
+            on_compile=lambda text: info(text, verbosity),
             on_fallback=lambda reason: warn(f"{FALLBACK}: {reason}"),
             progress=(
                 (lambda total: CountProgress(err_console, "translate", total))
@@ -160,6 +160,16 @@ def translate(
         for message in report.warnings():
             warn(message)
         info(report.summary(), verbosity)
+
+
+def warn_emulated_bf16(precision: str, device: str) -> None:
+    """bf16 asked for on a CPU without bf16 units: say so first, with the slowdown."""
+    from nmt_cli.cpu_level import bf16_emulation_warning
+    from nmt_cli.engines.translate.loading import resolve_device
+
+    text = bf16_emulation_warning(precision, resolve_device(device), "--precision")
+    if text is not None:
+        warn(text)
 
 
 def decode_config_of_flags(**settings: object) -> DecodeConfig:

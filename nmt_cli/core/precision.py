@@ -1,8 +1,11 @@
 """Which floating-point precision a device runs, for training and decoding alike.
 
 bf16 is the default wherever the hardware multiplies in it natively (Ampere and later
-GPUs; AVX512-BF16 or AMX CPUs, where it is several times faster than fp32). Elsewhere
-'auto' falls back to fp16 on older GPUs and fp32 on CPUs. Training runs the model in fp32
+GPUs; CPUs with bf16 units, AVX512_BF16 or AMX, where it is several times faster than
+fp32). Elsewhere 'auto' falls back to fp16 on older GPUs and fp32 on CPUs: an AVX2-only or
+plain AVX-512 CPU only emulates bf16, many times slower than fp32, and a bf16 asked for
+there is told so once, with the slowdown measured on the spot (`bf16_emulation_warning`
+of nmt_cli/cpu_level.py, which knows which CPU has what). Training runs the model in fp32
 under autocast; decoding casts the weights themselves (`dtype_of`).
 
 The names of the precisions are defined here once, for the recipe's settings (which may
@@ -16,6 +19,7 @@ import contextlib
 import typing
 from typing import TYPE_CHECKING, Literal
 
+from nmt_cli.cpu_level import has_bf16_units
 from nmt_cli.errors import NmtError
 
 if TYPE_CHECKING:
@@ -29,13 +33,8 @@ DECODE_PRECISIONS: tuple[str, ...] = typing.get_args(DecodePrecisionSetting)
 
 
 def cpu_supports_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matrix products run in hardware (oneDNN knows)."""
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    """AVX512_BF16 or AMX (within NMT_CPU_LEVEL): bf16 matrix products run in hardware."""
+    return has_bf16_units()
 
 
 def resolve_precision(requested: str, device: torch.device, setting: str) -> Precision:

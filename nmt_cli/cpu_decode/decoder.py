@@ -145,6 +145,29 @@ class CpuDecoder(nn.Module):
             rows.append(_plain_rows(self.model.tgt_embed.tokens.weight))
         return min(rows, default=math.inf)
 
+    def paths(self) -> dict[str, str]:
+        """Which implementation each operation of a decoding step takes for this model,
+        in words: what `nmt env` reports, read off the choice made above."""
+        ffn = cast(DecoderLayer, self.model.decoder[0]).ffn.w1
+        linear_path = getattr(ffn, "path", None)
+        dtype = str(self.model.tgt_embed.tokens.weight.dtype).removeprefix("torch.")
+        return {
+            "decoder step": "the module's (C++, one call)" if self.step else "core's (Python)",
+            "linear layers": linear_path() if linear_path else f"PyTorch's ({dtype})",
+            "log-softmax": (
+                "the module's AVX-512 passes"
+                if self.own_arithmetic is not None
+                and self.own_arithmetic.vectorized()["log_softmax"]
+                else "PyTorch's"
+            ),
+            "attention": (
+                "the module's AVX-512 kernel over the slot cache"
+                if self.attention_kernel is not None
+                else "PyTorch's operations over core's cache"
+            ),
+            "beam bookkeeping": "PyTorch's" if self.advance is torch_advance else "the module's",
+        }
+
     def log_probs(self, logits: Tensor) -> Tensor:
         """log_softmax in float32: the module's three passes where its arithmetic is this
         model's (faster; equal to PyTorch's to ~2e-6), PyTorch's otherwise."""
@@ -194,16 +217,16 @@ def cpu_decoders(
     models: list[Transformer],
     precision: str,
     compiled_step: bool,
-    on_compile: Callable[[], None] = lambda: None,
+    on_compile: Callable[[str], None] | None = None,
     on_fallback: Callable[[str], None] = lambda reason: None,
 ) -> list[CpuDecoder]:
     """Each model (on the CPU, already in the precision's dtype) wrapped for decoding:
     the one place that decides its arithmetic (see the module's docstring).
 
     With `compiled_step`, the compiled module is built if need be (`on_compile` is
-    called first); where it cannot be built or loaded, or a model has settings its step
-    does not implement, `on_fallback` gets the reason and decoding runs the reference
-    step (in Python) for that model."""
+    told how far the build has come, line by line; None: on stderr); where it cannot be
+    built or loaded, or a model has settings its step does not implement, `on_fallback`
+    gets the reason and decoding runs the reference step (in Python) for that model."""
     kernel: ModuleType | None = None
     if compiled_step:
         try:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Literal, cast
@@ -38,8 +37,8 @@ from typing import Literal, cast
 import torch
 from torch import Tensor, nn
 
-from nmt_cli.core.precision import cpu_supports_bf16
 from nmt_cli.core.step_linear import StepLinear
+from nmt_cli.cpu_level import cpu_flags
 from nmt_cli.errors import NmtError
 
 LinearKind = Literal["packed-bf16", "int8"]
@@ -94,6 +93,13 @@ class PackedLinear(StepLinear):
         """Up to how many rows a product builds no kernel for a new shape: the compiled
         kernel's; oneDNN builds one per shape (above them, or at every size without it)."""
         return float(self.kernel.kernel_rows()) if self.kernel is not None else 0.0
+
+    def path(self) -> str:
+        """Where its products run, in words (`nmt env`)."""
+        if self.kernel is None:
+            return "oneDNN bf16, weights packed once"
+        rows = self.kernel.kernel_rows()
+        return f"the module's AVX-512 BF16 kernel up to {rows} rows, oneDNN bf16 above"
 
 
 class Int8Linear(StepLinear):
@@ -158,18 +164,22 @@ class Int8Linear(StepLinear):
         may build a kernel per shape."""
         return math.inf if self.kernel is not None else 0.0
 
+    def path(self) -> str:
+        """Where its products run, in words (`nmt env`)."""
+        if self.kernel is not None:
+            return "the module's AVX-512 VNNI kernel, a scale per row"
+        bits = "7-bit" if self.reduce_range else "8-bit"
+        engine = torch.backends.quantized.engine
+        return f"PyTorch's quantized kernels ({engine}), one scale per call, {bits} activations"
 
-@cache
+
 def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether the CPU multiplies bytes into 32-bit sums (AVX-512 VNNI or AVX-VNNI), read
     from the kernel's flags; False where they cannot be read (the safe answer: 7-bit
-    activations lose a little precision, 8-bit ones without VNNI may overflow)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return False
-    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return bool({"avx512_vnni", "avx_vnni"} & set(flags.split()))
+    activations lose a little precision, 8-bit ones without VNNI may overflow). The
+    hardware's answer whatever NMT_CPU_LEVEL says: PyTorch's int8 engine reads the CPU
+    itself."""
+    return bool({"avx512_vnni", "avx_vnni"} & cpu_flags(cpuinfo))
 
 
 def int8_available() -> bool:
@@ -180,8 +190,14 @@ def int8_available() -> bool:
 
 def packed_bf16_available() -> bool:
     """Whether oneDNN can pack bf16 weights here: it needs AVX-512 (BW, VL, DQ) or
-    AVX-NE-CONVERT, which AVX2-only CPUs lack (they still run bf16, unpacked)."""
-    return torch.backends.mkldnn.is_available() and cpu_supports_bf16()
+    AVX-NE-CONVERT, which AVX2-only CPUs lack (they still run bf16, unpacked). oneDNN's own
+    answer, which heeds NMT_CPU_LEVEL's cap on it (nmt_cli/cpu_level.py)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def specialise_linears(

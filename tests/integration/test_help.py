@@ -23,6 +23,7 @@ COMMANDS = [
     ["export"],
     ["import"],
     ["serve"],
+    ["env"],
 ]
 # typer's own option, whose text we do not write
 THEIRS = ("--show-completion",)

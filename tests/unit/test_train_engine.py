@@ -253,6 +253,37 @@ def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
     assert result.final_dev_loss is not None and math.isfinite(result.final_dev_loss)
 
 
+def test_a_cpu_without_bf16_units_trains_auto_in_fp32_and_is_told_about_bf16(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the AVX2 level `auto` is fp32; bf16 asked for is obeyed, with one warning that
+    comes before the layout probe and the first update, and in train.log."""
+    from nmt_cli import cpu_level
+
+    monkeypatch.setenv("NMT_CPU_LEVEL", "avx2")
+    monkeypatch.setattr(cpu_level, "_bf16_slowdown", lambda: 6.0)
+    events: list[TrainEvent] = []
+    recipe = tiny_recipe(data, tmp_path / "auto", max_steps=1, precision="auto")
+    auto = train(recipe, on_event=events.append)
+    assert next(e for e in events if isinstance(e, TrainStarted)).precision == "fp32"
+    assert not any(isinstance(e, Notice) and "emulated" in e.text for e in events)
+    assert auto.steps == 1
+    events.clear()
+    train(
+        tiny_recipe(data, tmp_path / "bf16", precision="bf16", max_steps=1), on_event=events.append
+    )
+    said = [e for e in events if isinstance(e, Notice) and "emulated" in e.text]
+    assert len(said) == 1 and said[0].warning
+    assert said[0].text.startswith("train.precision bf16: this CPU (avx2) has no bf16 units")
+    assert "6.0x the time of fp32" in said[0].text
+    assert events.index(said[0]) < events.index(
+        next(e for e in events if isinstance(e, TrainStarted))
+    )
+    assert next(e for e in events if isinstance(e, TrainStarted)).precision == "bf16"
+    log = (tmp_path / "bf16" / "train.log").read_text()
+    assert log.count("warning: train.precision bf16: this CPU (avx2)") == 1
+
+
 def test_without_the_compiled_module_training_keeps_pytorchs_kernels_and_says_so(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

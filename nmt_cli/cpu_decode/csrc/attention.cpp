@@ -16,6 +16,7 @@
 // over the contiguous cache); bf16 and int8 models use this one whenever the module is
 // loaded.
 #include "attention.h"
+#include "cpu_level.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -276,10 +277,7 @@ at::Tensor attend(const at::Tensor& q_in, const at::Tensor& keys, const at::Tens
 }  // namespace
 
 bool attention_kernel_available() {
-  static const bool available = __builtin_cpu_supports("avx512f") &&
-                                __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vl");
-  return available;
+  return cpu_level_at_least(CpuLevel::kAvx512);
 }
 
 at::Tensor attend_prefix(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,

@@ -14,6 +14,7 @@
 // reference keeps its softmax). Sums run in another order, in float32 throughout, so
 // results differ from the reference's bf16 products in the last bits.
 #include "attention_train.h"
+#include "cpu_level.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -265,15 +266,7 @@ struct Ops {
 #pragma GCC pop_options
 #endif
 
-bool use_simd(bool wanted) {
-#if defined(__x86_64__)
-  return wanted && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
-#else
-  (void)wanted;
-  return false;
-#endif
-}
+bool use_simd(bool wanted) { return wanted && attention_train_vectorized(); }
 
 // Raw pointers of float32 (float) or bf16 (uint16_t) data.
 template <typename T>
@@ -384,6 +377,14 @@ void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
 }
 
 }  // namespace
+
+bool attention_train_vectorized() {
+#if defined(__x86_64__)
+  return cpu_level_at_least(CpuLevel::kAvx512);
+#else
+  return false;
+#endif
+}
 
 std::tuple<at::Tensor, at::Tensor> attention_train_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -10,6 +10,7 @@
 // Accumulating pairs in order of K is what oneDNN does too, so the results agree with it
 // bit for bit except where oneDNN splits a long K (rarely, in the last bit).
 #include "bf16_linear.h"
+#include "cpu_level.h"
 
 #include <ATen/record_function.h>
 
@@ -102,11 +103,7 @@ const uint16_t* bits(const at::Tensor& t) {
 }  // namespace
 
 bool bf16_kernel_available() {
-  static const bool available = __builtin_cpu_supports("avx512f") &&
-                                __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vl") &&
-                                __builtin_cpu_supports("avx512bf16");
-  return available;
+  return cpu_level_at_least(CpuLevel::kAvx512Bf16);
 }
 
 at::Tensor pack_bf16(const at::Tensor& weight) {

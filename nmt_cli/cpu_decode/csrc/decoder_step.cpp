@@ -16,6 +16,7 @@
 #include "attention_train.h"
 #include "beam_topk.h"
 #include "bf16_linear.h"
+#include "cpu_level.h"
 #include "dropout_mask.h"
 #include "int8_linear.h"
 #include "log_softmax.h"
@@ -349,6 +350,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("step", &DecoderStep::step)
       .def("step_slots", &DecoderStep::step_slots);
   m.def("contract", [] { return kContract; });
+  m.def("set_cpu_level_cap", &nmt::set_cpu_level_cap);
+  m.def("cpu_level", [] { return static_cast<int64_t>(nmt::cpu_level()); });
+  // Which loops each kernel runs at that level: what `nmt env` and the tests read.
+  m.def("vectorized", [] {
+    return std::map<std::string, bool>{
+        {"attention", nmt::attention_kernel_available()},
+        {"attention_train", nmt::attention_train_vectorized()},
+        {"bf16_linear", nmt::bf16_kernel_available()},
+        {"int8_linear", nmt::int8_kernel_available()},
+        {"log_softmax", nmt::log_softmax_vectorized()},
+        {"smoothed_loss", nmt::smoothed_loss_vectorized()},
+    };
+  });
   m.def("bf16_kernel_available", &nmt::bf16_kernel_available);
   m.def("pack_bf16", &nmt::pack_bf16);
   m.def("packed_linear", &nmt::packed_linear);

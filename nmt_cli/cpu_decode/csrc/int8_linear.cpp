@@ -9,6 +9,7 @@
 // int8 weights of 16 output columns at a time into int32, and the offset of 128 is taken
 // back out with the weights' column sums: y = (acc - 128 sum_k w) s_x s_w + b.
 #include "int8_linear.h"
+#include "cpu_level.h"
 
 #include <ATen/record_function.h>
 
@@ -126,11 +127,7 @@ NMT_AVX512_VNNI void quantize_row(const float* x, int64_t k, int64_t padded, uin
 }  // namespace
 
 bool int8_kernel_available() {
-  static const bool available = __builtin_cpu_supports("avx512f") &&
-                                __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vl") &&
-                                __builtin_cpu_supports("avx512vnni");
-  return available;
+  return cpu_level_at_least(CpuLevel::kAvx512Vnni);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight_in) {

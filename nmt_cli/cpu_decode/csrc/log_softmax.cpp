@@ -9,6 +9,7 @@
 // promised identical); bf16 and int8 use this one in the Python step and the compiled
 // step alike, whenever the module is loaded.
 #include "log_softmax.h"
+#include "cpu_level.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -66,10 +67,11 @@ NMT_AVX512 void row(const T* x, int64_t n, float* out) {
 
 }  // namespace
 
+bool log_softmax_vectorized() { return cpu_level_at_least(CpuLevel::kAvx512); }
+
 at::Tensor fast_log_softmax(const at::Tensor& logits_in) {
   RECORD_FUNCTION("nmt::fast_log_softmax", std::vector<c10::IValue>());
-  const bool supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl");
+  const bool supported = log_softmax_vectorized();
   const auto dtype = logits_in.scalar_type();
   if (!supported || logits_in.dim() != 2 || (dtype != at::kFloat && dtype != at::kBFloat16)) {
     return at::log_softmax(logits_in, -1, at::kFloat);
@@ -96,6 +98,8 @@ at::Tensor fast_log_softmax(const at::Tensor& logits_in) {
 #else  // elsewhere PyTorch's
 
 namespace nmt {
+
+bool log_softmax_vectorized() { return false; }
 
 at::Tensor fast_log_softmax(const at::Tensor& logits) {
   return at::log_softmax(logits, -1, at::kFloat);

@@ -11,6 +11,7 @@
 // 2 ulp), so results differ from the reference's in the last bits.
 
 #include "smoothed_loss.h"
+#include "cpu_level.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -103,15 +104,22 @@ NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float sc
 }
 #endif
 
+}  // namespace
+
+bool smoothed_loss_vectorized() {
+#if defined(__x86_64__)
+  return cpu_level_at_least(CpuLevel::kAvx512);
+#else
+  return false;
+#endif
+}
+
+namespace {
+
 template <typename T>
 void sweep(const T* logits, const int64_t* target, const float* weight, int64_t rows,
            int64_t n, float eps, T* grad, float* lse, float* mean, float* ref) {
-#if defined(__x86_64__)
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
-#else
-  const bool avx512 = false;
-#endif
+  const bool avx512 = smoothed_loss_vectorized();
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, n));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> e(static_cast<size_t>(n));

@@ -136,13 +136,13 @@ def compiled_attention(kernel: ModuleType) -> TrainingAttention:
 
 
 def cpu_kernels(
-    on_compile: Callable[[], None] = lambda: None, build: bool = True
+    on_compile: Callable[[str], None] | None = None, build: bool = True
 ) -> tuple[CpuKernels, str | None]:
-    """The compiled kernels (the module built first if need be: `on_compile` is called
-    then), or the references and the reason the module could not be had. `build=False`
-    takes only a module built already: `train()` builds it once, and the layout probe and
-    the ranks after it do not try again where that failed (a failing build can take a
-    minute)."""
+    """The compiled kernels (the module built first if need be: `on_compile` is told how
+    far the build has come, None: on stderr), or the references and the reason the
+    module could not be had. `build=False` takes only a module built already: `train()`
+    builds it once, and the layout probe and the ranks after it do not try again where
+    that failed (a failing build can take a minute)."""
     try:
         if not build and not is_built():
             return CpuKernels(), "the compiled module is not built"
@@ -153,3 +153,23 @@ def cpu_kernels(
         compiled_keep_mask(kernel), compiled_loss_sweep(kernel), compiled_attention(kernel)
     )
     return compiled, None
+
+
+def cpu_kernel_paths(kernel: ModuleType | None) -> dict[str, str]:
+    """Which implementation each of training's CPU operations takes, in words (`nmt
+    env`): the module's kernels where it is loaded, at the loops its CPU level allows."""
+    if kernel is None:
+        reference = "PyTorch's operations (core's reference; the module is not loaded)"
+        return {"dropout masks": reference, "smoothed loss": reference, "attention": reference}
+    vectorized = kernel.vectorized()
+
+    def loops(name: str) -> str:
+        return "AVX-512 loops" if vectorized[name] else "plain loops"
+
+    return {
+        "dropout masks": "the module's counter-based generator",
+        "smoothed loss": f"the module's sweep, {loops('smoothed_loss')}",
+        "attention": (
+            f"the module's, {loops('attention_train')} (padding masks; PyTorch's otherwise)"
+        ),
+    }

@@ -36,6 +36,7 @@ from nmt_cli.core.flops import matmul_rate
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.schedule import paper_adam, paper_learning_rate
 from nmt_cli.core.transformer import Transformer, count_parameters
+from nmt_cli.cpu_level import bf16_emulation_warning
 from nmt_cli.cpus import usable_cpus
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.train.build import check_positions, describe_device, training_objective
@@ -121,6 +122,8 @@ def train(
         # Under the lock: the checkpoint read to resume is the one no other writer changes.
         plan = plan_training(reconciled.recipe, data, run)
         notices = [Notice(text, warning=True) for text in reconciled.warnings]
+        if options.gpus == 0 and is_rank0:  # said at once: the layout probe runs in it
+            _warn_emulated_bf16(plan.recipe.train.precision, run, on_event)
         if options.gpus == 0:  # built once here, before the layout probe and the ranks
             why_not = _build_cpu_kernels(on_event if is_rank0 else None)
             if why_not is not None:
@@ -151,13 +154,24 @@ def train(
             run.release_lock()
 
 
-def _build_cpu_kernels(on_event: EventSink | None) -> str | None:
-    """Build the CPU backend's compiled module, saying so first (the first run on a
-    machine: about a minute); the reason it could not be built, if so."""
-
-    def on_compile() -> None:
+def _warn_emulated_bf16(precision: str, run: RunDir, on_event: EventSink | None) -> None:
+    """bf16 asked for on a CPU without bf16 units: say so, with the slowdown measured."""
+    text = bf16_emulation_warning(precision, torch.device("cpu"), "train.precision")
+    if text is not None:
+        run.log("warning: " + text)
         if on_event is not None:
-            on_event(Notice("building the CPU kernels (once per machine, about a minute)"))
+            on_event(Notice(text, warning=True))
+
+
+def _build_cpu_kernels(on_event: EventSink | None) -> str | None:
+    """Build the CPU backend's compiled module where it is not built yet (the first run
+    of an installation: a minute or more), telling `on_event` how far the build, or the
+    wait for another process's, has come (rank 0; the others say nothing); the reason
+    it could not be built, if so."""
+
+    def on_compile(text: str) -> None:
+        if on_event is not None:
+            on_event(Notice(text))
 
     return cpu_kernels(on_compile)[1]
 

@@ -1,0 +1,163 @@
+"""What `nmt env` reports: the facts a bug report needs about this machine and install.
+
+Every answer is read from the code that decides it, never re-derived: the precision from
+`resolve_precision`, the CPU's level from nmt_cli/cpu_level.py, the decoding paths from
+`cpu_decoders` run on a tiny model in each precision, the training paths from the
+compiled module's own report of which loops its kernels run. So the report cannot say
+one thing while `nmt translate` or `nmt train` does another.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.precision import cpu_supports_bf16, dtype_of, resolve_decode_precision
+from nmt_cli.core.transformer import Transformer
+from nmt_cli.cpu_decode import cpu_decoders
+from nmt_cli.cpu_decode.build import CompileError, build_directory, is_built, prepare_kernel
+from nmt_cli.cpu_level import ENV, LEVELS, REPORTED_FLAGS, cpu_flags, cpu_level, detected_level
+from nmt_cli.cpus import usable_cpus
+from nmt_cli.engines.train.cpu_kernels import cpu_kernel_paths
+from nmt_cli.version import __version__
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled list of (what, answer) rows."""
+
+    title: str
+    rows: tuple[tuple[str, str], ...]
+
+
+def describe_environment(build: bool = False) -> list[Section]:
+    """The report; `build` builds the compiled module first if it is missing (without it,
+    the decoding and training paths are those of a machine where it is not built yet)."""
+    kernel_note = _kernel(build)
+    sections = [
+        Section(
+            "nmt",
+            (
+                ("version", __version__),
+                ("python", f"{platform.python_version()} ({sys.executable})"),
+                ("platform", platform.platform()),
+            ),
+        ),
+        _torch_section(),
+        _cpu_section(),
+        _precision_section(),
+        Section("compiled CPU module", (("state", kernel_note), ("directory", _directory()))),
+    ]
+    sections.extend(_decoding_sections())
+    sections.append(Section("training on the CPU", tuple(_training_paths().items())))
+    return sections
+
+
+def _kernel(build: bool) -> str:
+    """Whether the module is here, building it first with `build`."""
+    try:
+        if build or is_built():
+            prepare_kernel()
+            return "built and loaded"
+    except CompileError as exc:
+        return f"cannot be built here: {exc}"
+    return "not built yet (the first command that decodes or trains builds it; or nmt env --build)"
+
+
+def _directory() -> str:
+    try:
+        return str(build_directory())
+    except OSError as exc:
+        return f"unreadable sources: {exc}"
+
+
+def _torch_section() -> Section:
+    rows = [
+        ("version", torch.__version__),
+        ("CUDA", torch.version.cuda or "none (a CPU build)"),
+        ("ATen CPU capability", torch.backends.cpu.get_cpu_capability()),
+        ("oneDNN", "available" if torch.backends.mkldnn.is_available() else "missing"),
+        ("quantized engines", ", ".join(torch.backends.quantized.supported_engines)),
+        ("threads", str(torch.get_num_threads())),
+    ]
+    for var in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        if os.environ.get(var):
+            rows.append((var, os.environ[var]))
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            name = torch.cuda.get_device_name(index)
+            rows.append((f"GPU {index}", name))
+    return Section("torch", tuple(rows))
+
+
+def _cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return platform.processor() or "unknown"
+    line = next((line for line in text.splitlines() if line.startswith("model name")), "")
+    return line.partition(":")[2].strip() or platform.processor() or "unknown"
+
+
+def _cpu_section() -> Section:
+    flags = cpu_flags()
+    has = [flag for flag in REPORTED_FLAGS if flag in flags]
+    lacks = [flag for flag in REPORTED_FLAGS if flag not in flags]
+    cap = os.environ.get(ENV) or "unset"
+    return Section(
+        "CPU",
+        (
+            ("model", _cpu_model()),
+            ("usable cores", str(usable_cpus())),
+            ("flags", " ".join(has) or "none of those nmt asks about"),
+            ("lacks", " ".join(lacks) or "none"),
+            ("detected level", f"{detected_level()} (of {', '.join(LEVELS)})"),
+            (ENV, cap),
+            ("level in force", cpu_level()),
+        ),
+    )
+
+
+def _precision_section() -> Section:
+    cpu = torch.device("cpu")
+    rows = [
+        ("auto on the CPU", resolve_decode_precision("auto", cpu, "auto")),
+        ("bf16 on the CPU", "in hardware" if cpu_supports_bf16() else "emulated (slow)"),
+    ]
+    if torch.cuda.is_available():
+        rows.append(("auto on the GPU", resolve_decode_precision("auto", torch.device("cuda"), "")))
+    return Section("precision", tuple(rows))
+
+
+def _decoding_sections() -> list[Section]:
+    """`cpu_decoders`' choice for a tiny model in each precision, as it would decide for a
+    checkpoint of any size (the choice depends on the settings, not on the sizes)."""
+    cfg = ModelConfig(
+        encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, n_heads=2,
+        src_vocab_size=32, tgt_vocab_size=32,
+    )  # fmt: skip
+    sections = []
+    for precision in ("fp32", "bf16", "int8"):
+        torch.manual_seed(0)
+        model = Transformer(cfg).to(dtype=dtype_of(precision)).eval()
+        notes: list[str] = []
+        decoder = cpu_decoders([model], precision, is_built(), on_fallback=notes.append)[0]
+        rows = list(decoder.paths().items()) + [("note", note) for note in notes]
+        sections.append(Section(f"decoding on the CPU in {precision}", tuple(rows)))
+    return sections
+
+
+def _training_paths() -> dict[str, str]:
+    kernel = None
+    if is_built():
+        try:
+            kernel = prepare_kernel()
+        except CompileError:
+            kernel = None
+    return cpu_kernel_paths(kernel)

@@ -1,0 +1,98 @@
+"""`nmt env`: the report a bug report needs, read from the code that decides each answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from nmt_cli import cpu_level
+from nmt_cli.cli import app
+from nmt_cli.cpu_decode.build import CompileError, load_kernel
+
+runner = CliRunner()
+
+
+def report(monkeypatch: pytest.MonkeyPatch, level: str | None) -> dict[str, dict[str, str]]:
+    if level is None:
+        monkeypatch.delenv(cpu_level.ENV, raising=False)
+    else:
+        monkeypatch.setenv(cpu_level.ENV, level)
+    result = runner.invoke(app, ["env", "--json", "--build"])
+    assert result.exit_code == 0, result.output
+    assert result.exception is None
+    data: dict[str, dict[str, str]] = json.loads(result.stdout)
+    return data
+
+
+@pytest.fixture
+def built() -> None:
+    try:
+        load_kernel()
+    except CompileError as exc:
+        pytest.skip(f"the compiled module cannot be built here: {exc}")
+
+
+def test_the_report_names_the_versions_the_cpu_and_what_auto_picks(
+    monkeypatch: pytest.MonkeyPatch, built: None
+) -> None:
+    import torch
+
+    data = report(monkeypatch, None)
+    assert data["torch"]["version"] == torch.__version__
+    cpu = data["CPU"]
+    assert cpu["level in force"] == cpu_level.detected_level() == cpu["detected level"].split()[0]
+    assert set(cpu["flags"].split()) == set(cpu_level.REPORTED_FLAGS) & cpu_level.cpu_flags()
+    want = "bf16" if cpu_level.has_bf16_units() else "fp32"
+    assert data["precision"]["auto on the CPU"] == want
+    assert data["compiled CPU module"]["state"] == "built and loaded"
+    assert set(data) >= {
+        "decoding on the CPU in fp32",
+        "decoding on the CPU in bf16",
+        "decoding on the CPU in int8",
+        "training on the CPU",
+    }
+    fp32 = data["decoding on the CPU in fp32"]
+    assert fp32["linear layers"] == "PyTorch's (float32)"  # fp32 keeps PyTorch's products
+    assert fp32["decoder step"] == "the module's (C++, one call)"
+
+
+def test_a_lowered_level_changes_every_answer_that_depends_on_it(
+    monkeypatch: pytest.MonkeyPatch, built: None
+) -> None:
+    """NMT_CPU_LEVEL=generic: fp32 by default, bf16 said to be emulated, the training
+    kernels on their plain loops and no AVX-512 kernel in decoding, whatever this CPU is."""
+    data = report(monkeypatch, "generic")
+    assert data["CPU"]["level in force"] == "generic"
+    assert data["precision"] == {"auto on the CPU": "fp32", "bf16 on the CPU": "emulated (slow)"}
+    training = data["training on the CPU"]
+    assert training["smoothed loss"] == "the module's sweep, plain loops"
+    assert training["attention"].startswith("the module's, plain loops")
+    for precision in ("bf16", "int8"):
+        paths = data[f"decoding on the CPU in {precision}"]
+        assert "AVX-512" not in " ".join(paths.values()), paths
+        assert paths["attention"] == "PyTorch's operations over core's cache"
+    if cpu_level.at_least("avx512"):  # and back up: the cap follows the setting
+        native = report(monkeypatch, None)["training on the CPU"]
+        assert native["smoothed loss"] == "the module's sweep, AVX-512 loops"
+
+
+def test_a_level_that_does_not_exist_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_level.ENV, "avx1024")
+    result = runner.invoke(app, ["env"])
+    assert result.exit_code == 2
+    assert "NMT_CPU_LEVEL='avx1024': use one of generic, avx2, avx512" in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_the_text_report_has_one_titled_block_per_section(
+    monkeypatch: pytest.MonkeyPatch, built: None
+) -> None:
+    monkeypatch.delenv(cpu_level.ENV, raising=False)
+    result = runner.invoke(app, ["env"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    titles = [line for line in lines if line and not line.startswith(" ")]
+    assert titles[:5] == ["nmt", "torch", "CPU", "precision", "compiled CPU module"]
+    assert any(line.split() == ["NMT_CPU_LEVEL", "unset"] for line in lines)
