@@ -100,6 +100,7 @@ def test_importing_nmt_caps_torch_before_it_loads_and_a_set_variable_wins() -> N
 
 
 def test_auto_is_bf16_only_with_bf16_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cpu_level.ENV, raising=False)
     cpu = torch.device("cpu")
     for detected, want in (("amx", "bf16"), ("avx512_bf16", "bf16"), ("avx512_vnni", "fp32"),
                            ("avx2", "fp32"), ("generic", "fp32")):  # fmt: skip
@@ -112,6 +113,7 @@ def test_auto_is_bf16_only_with_bf16_units(monkeypatch: pytest.MonkeyPatch) -> N
 def test_bf16_without_bf16_units_is_told_how_much_slower_it_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv(cpu_level.ENV, raising=False)
     cpu = torch.device("cpu")
     monkeypatch.setattr(cpu_level, "_bf16_slowdown", lambda: 7.25)
     monkeypatch.setattr(cpu_level, "detected_level", lambda flags=None: "avx2")
