@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
@@ -9,6 +10,7 @@ from reverser import train_reverser
 
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.cpu_decode.build import CompileError, load_kernel
+from nmt_cli.cpu_level import LEVELS, cpu_level
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +28,17 @@ def kernel() -> ModuleType:
         return load_kernel()
     except CompileError as exc:
         pytest.skip(f"the compiled module cannot be built here: {exc}")
+
+
+@pytest.fixture
+def kernel_at(kernel: ModuleType) -> Iterator[Callable[[str], ModuleType]]:
+    """`kernel_at(level)`: the compiled module with its kernels capped at `level` for this
+    test ("native": this CPU's own), as on a machine without the instructions above it;
+    the cap is put back after the test."""
+
+    def capped(level: str) -> ModuleType:
+        kernel.set_cpu_level_cap(LEVELS.index(cpu_level() if level == "native" else level))
+        return kernel
+
+    yield capped
+    kernel.set_cpu_level_cap(LEVELS.index(cpu_level()))

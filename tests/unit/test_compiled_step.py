@@ -277,12 +277,17 @@ def _steps_agree(model: CpuDecoder) -> None:
         model.step = step
 
 
+@pytest.mark.parametrize("level", ["native", "avx2"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int8 without VNNI"])
-def test_each_step_and_its_cache_equal_the_python_step(kernel: ModuleType, precision: str) -> None:
+def test_each_step_and_its_cache_equal_the_python_step(
+    kernel_at: Callable[[str], ModuleType], precision: str, level: str
+) -> None:
     """With "int8 without VNNI" the layers are on PyTorch's quantized kernels, as on CPUs
     whose int8 the module cannot run, called from the compiled step through the
     dispatcher; bf16 and int8 decode over the SlotCache where the CPU runs the module's
-    attention kernel, fp32 always over the DecoderCache."""
+    attention kernel, fp32 always over the DecoderCache. At the AVX2 level none of the
+    module's AVX-512 kernels runs: the step calls PyTorch's for all of them."""
+    kernel = kernel_at(level)
     if precision == "int8 without VNNI":
         model = wrap(random_model(), "int8", None)
         model = CpuDecoder(model.model, model.projection, kernel)

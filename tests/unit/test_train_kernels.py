@@ -6,6 +6,7 @@ attention (core's written-out one, the reference, and the compiled one, held to 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -16,7 +17,6 @@ from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sw
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
-from nmt_cli.cpu_level import LEVELS, cpu_level
 from nmt_cli.engines.train import cpu_kernels as cpu_kernels_module
 from nmt_cli.engines.train.cpu_kernels import (
     CpuKernels,
@@ -35,14 +35,11 @@ def keep_mask(request: pytest.FixtureRequest) -> KeepMask:
     return compiled_keep_mask(request.getfixturevalue("kernel"))
 
 
-def module_at(request: pytest.FixtureRequest, level: str) -> ModuleType:
-    """The compiled module with its kernels capped at `level` for this test ("native":
-    this CPU's own), as on a machine without the instructions above it."""
-    kernel: ModuleType = request.getfixturevalue("kernel")
-    if level != "native":
-        kernel.set_cpu_level_cap(LEVELS.index(level))
-        request.addfinalizer(lambda: kernel.set_cpu_level_cap(LEVELS.index(cpu_level())))
-    return kernel
+def _capped(request: pytest.FixtureRequest) -> ModuleType:
+    """The module for a "compiled" or "compiled-<level>" fixture parameter."""
+    level = request.param.partition("-")[2] or "native"
+    capped: ModuleType = request.getfixturevalue("kernel_at")(level)
+    return capped
 
 
 @pytest.fixture(params=["reference", "compiled", "compiled-generic"])
@@ -51,7 +48,7 @@ def loss_sweep(request: pytest.FixtureRequest) -> LossSweep:
     this CPU's level and at the plain loops every CPU runs."""
     if request.param == "reference":
         return smoothed_loss_sweep
-    return compiled_loss_sweep(module_at(request, request.param.partition("-")[2] or "native"))
+    return compiled_loss_sweep(_capped(request))
 
 
 def test_dropout_drops_p_and_scales_the_rest(keep_mask: KeepMask) -> None:
@@ -210,7 +207,7 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("level", ["native", "generic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_compiled_sweep_is_the_references_to_rounding(
-    request: pytest.FixtureRequest, dtype: torch.dtype, level: str
+    kernel_at: Callable[[str], ModuleType], dtype: torch.dtype, level: str
 ) -> None:
     """Row by row the same figures as core's sweep, within what the arithmetic allows,
     at this CPU's level and on the plain loops of every other CPU; weights scale each
@@ -224,7 +221,7 @@ def test_the_compiled_sweep_is_the_references_to_rounding(
     sides differ by at most twice those, plus the last rounding of each result. bf16
     gradients are rounded from those float32 values: where they fall on either side of
     a rounding boundary they differ by one bf16 ulp more."""
-    kernel = module_at(request, level)
+    kernel = kernel_at(level)
     torch.manual_seed(1)
     rows, vocab = 70, 517
     logits = (torch.randn(rows, vocab) * 4).to(dtype)
@@ -286,7 +283,7 @@ def attention(request: pytest.FixtureRequest) -> TrainingAttention:
     at this CPU's level and at the plain loops every CPU runs."""
     if request.param == "reference":
         return written_out_attention
-    return compiled_attention(module_at(request, request.param.partition("-")[2] or "native"))
+    return compiled_attention(_capped(request))
 
 
 def attention_inputs(
