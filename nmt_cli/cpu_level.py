@@ -11,8 +11,8 @@ each containing the ones below it:
 
 `NMT_CPU_LEVEL=<level>` caps it: an AVX-512 or AMX machine then decides, decodes and
 trains as a lower one would, so one machine tests every path. The cap also caps oneDNN
-(`ONEDNN_MAX_CPU_ISA`) and ATen (`ATEN_CPU_CAPABILITY`), which read those variables once,
-when torch loads: `apply_to_torch_environment` sets them, and the `nmt` command calls it
+(`ONEDNN_MAX_CPU_ISA`), ATen (`ATEN_CPU_CAPABILITY`) and MKL (`MKL_ENABLE_INSTRUCTIONS`,
+fp32 products), which read those variables once, when torch loads: `apply_to_torch_environment` sets them, and the `nmt` command calls it
 before it imports torch. (fbgemm, PyTorch's int8 engine, reads the CPU itself and ignores
 any cap.)
 
@@ -54,6 +54,7 @@ _ONEDNN_ISA = {
     "amx": "AVX512_CORE_AMX",
 }
 _ATEN_CAPABILITY = {"generic": "default", "avx2": "avx2"}  # the rest: "avx512"
+_MKL_INSTRUCTIONS = {"generic": "SSE4_2", "avx2": "AVX2"}  # the rest: "AVX512"
 
 # The flags worth showing in a bug report: the ladder's, and the AVX2-class VNNI that int8
 # products use where there is no AVX-512.
@@ -148,15 +149,16 @@ def _bf16_slowdown(size: int = 384, repeats: int = 3) -> float:
 
 
 def torch_environment(level: str) -> dict[str, str]:
-    """The variables that cap oneDNN and ATen at `level`."""
+    """The variables that cap oneDNN, ATen and MKL (fp32 products) at `level`."""
     return {
         "ONEDNN_MAX_CPU_ISA": _ONEDNN_ISA[level],
         "ATEN_CPU_CAPABILITY": _ATEN_CAPABILITY.get(level, "avx512"),
+        "MKL_ENABLE_INSTRUCTIONS": _MKL_INSTRUCTIONS.get(level, "AVX512"),
     }
 
 
 def apply_to_torch_environment() -> None:
-    """Cap oneDNN and ATen as `NMT_CPU_LEVEL` asks (variables already set win). Only
+    """Cap oneDNN, ATen and MKL as `NMT_CPU_LEVEL` asks (variables already set win). Only
     effective before torch is imported: both read their variable once, when it loads.
     A value that names no level is left for `cpu_level` to report, as a usage error."""
     try:

@@ -86,7 +86,7 @@ def _torch_section() -> Section:
         ("quantized engines", ", ".join(torch.backends.quantized.supported_engines)),
         ("threads", str(torch.get_num_threads())),
     ]
-    for var in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+    for var in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"):
         if os.environ.get(var):
             rows.append((var, os.environ[var]))
     if torch.cuda.is_available():

@@ -63,20 +63,21 @@ def test_the_setting_lowers_the_level_and_never_raises_it(
 
 
 @pytest.mark.parametrize(
-    ("level", "onednn", "aten"),
+    ("level", "onednn", "aten", "mkl"),
     [
-        ("generic", "SSE41", "default"),
-        ("avx2", "AVX2", "avx2"),
-        ("avx512_vnni", "AVX512_CORE_VNNI", "avx512"),
-        ("amx", "AVX512_CORE_AMX", "avx512"),
+        ("generic", "SSE41", "default", "SSE4_2"),
+        ("avx2", "AVX2", "avx2", "AVX2"),
+        ("avx512_vnni", "AVX512_CORE_VNNI", "avx512", "AVX512"),
+        ("amx", "AVX512_CORE_AMX", "avx512", "AVX512"),
     ],
 )
-def test_each_level_caps_onednn_and_aten_by_their_own_names(
-    level: str, onednn: str, aten: str
+def test_each_level_caps_onednn_aten_and_mkl_by_their_own_names(
+    level: str, onednn: str, aten: str, mkl: str
 ) -> None:
     assert cpu_level.torch_environment(level) == {
         "ONEDNN_MAX_CPU_ISA": onednn,
         "ATEN_CPU_CAPABILITY": aten,
+        "MKL_ENABLE_INSTRUCTIONS": mkl,
     }
 
 
