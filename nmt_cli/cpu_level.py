@@ -12,9 +12,10 @@ each containing the ones below it:
 `NMT_CPU_LEVEL=<level>` caps it: an AVX-512 or AMX machine then decides, decodes and
 trains as a lower one would, so one machine tests every path. The cap also caps oneDNN
 (`ONEDNN_MAX_CPU_ISA`), ATen (`ATEN_CPU_CAPABILITY`) and MKL (`MKL_ENABLE_INSTRUCTIONS`,
-fp32 products), which read those variables once, when torch loads: `apply_to_torch_environment` sets them, and the `nmt` command calls it
-before it imports torch. (fbgemm, PyTorch's int8 engine, reads the CPU itself and ignores
-any cap.)
+fp32 products), which read those variables once, when torch loads:
+`apply_to_torch_environment` sets them, and importing nmt_cli calls it, so the `nmt`
+command does before it imports torch. (fbgemm, PyTorch's int8 engine, reads the CPU
+itself and ignores any cap.)
 
 Loading this module does not load torch.
 """
