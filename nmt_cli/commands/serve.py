@@ -18,7 +18,6 @@ from nmt_cli.commands.common import (
     warn,
 )
 from nmt_cli.commands.translate import (
-    COMPILING,
     FALLBACK,
     decode_config_of_flags,
     precision_flag,
@@ -164,7 +163,7 @@ def serve(
                 f"stopping: finishing the requests in flight (at most {drain_timeout:g} s)",
                 verbosity,
             ),
-            on_compile=lambda: info(COMPILING, verbosity),
+            on_compile=lambda text: info(text, verbosity),
             on_fallback=lambda reason: warn(f"{FALLBACK}: {reason}"),
         )
         info("stopped", verbosity)

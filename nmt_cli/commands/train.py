@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -13,6 +15,7 @@ from nmt_cli.commands.common import (
     SET_HELP,
     Verbosity,
     err_console,
+    info,
     quiet_option,
     recipe_from_cli,
     user_errors,
@@ -59,15 +62,19 @@ def train(
 
     Rerunning the same command on a run directory resumes from checkpoints/last.pt.
     Ctrl-C (SIGINT) or SIGTERM saves checkpoints/last.pt and exits with 130 or 143, so
-    `nmt train ... && nmt average-checkpoints ...` stops there. Under torchrun, RANK,
+    `nmt train ... && nmt average-checkpoints ...` stops there; before the first update
+    (start-up: --verbose names its phases) it stops at once. Under torchrun, RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT come from the environment.
     """
-    from nmt_cli.commands.train_display import TrainDisplay, summary_table
-    from nmt_cli.engines.train import TrainOptions
-    from nmt_cli.engines.train import train as run_training
+    from nmt_cli.interrupts import stoppable_startup
 
     verbosity = Verbosity(quiet, verbose)
-    with user_errors(verbose):
+    # Before PyTorch is imported: a signal then already stops the command at once.
+    with user_errors(verbose), stoppable_startup(_phase_printer(verbosity), exit_on_stall=True):
+        from nmt_cli.commands.train_display import TrainDisplay, summary_table
+        from nmt_cli.engines.train import TrainOptions
+        from nmt_cli.engines.train import train as run_training
+
         for flag, value in (("--gpus", gpus), ("--procs", procs or 0)):
             if value < 0:
                 raise UsageError(f"{flag} must not be negative, got {value}")
@@ -97,6 +104,13 @@ def train(
             )
         if result.rank == 0:
             typer.echo(str(result.last_checkpoint or result.run_dir / "checkpoints" / "last.pt"))
+
+
+def _phase_printer(verbosity: Verbosity) -> Callable[[str], None] | None:
+    """--verbose: a line as start-up enters each phase (rank 0's, under torchrun)."""
+    if not verbosity.verbose or os.environ.get("RANK", "0") != "0":
+        return None
+    return lambda phase: info(f"start-up: {phase}", verbosity)
 
 
 def _dry_run(cfg: RecipeConfig, size: int) -> None:

@@ -52,16 +52,17 @@ def build_decoder(
     device: torch.device,
     precision: DecodePrecision,
     compiled_step: bool = False,
-    on_compile: Callable[[], None] = lambda: None,
+    on_compile: Callable[[str], None] | None = None,
     on_fallback: Callable[[str], None] = lambda reason: None,
 ) -> tuple[Member | Ensemble, VocabPair]:
     """The model search decodes with, and the vocabularies its ids belong to.
 
     On a CPU each model is wrapped by the CPU decoding backend (nmt_cli/cpu_decode),
     which chooses its arithmetic: packed bf16 or int8 linear layers, and with
-    `compiled_step` the compiled module and its C++ step; `on_compile` is called before
-    a first, slow build of it and `on_fallback` with the reason where a model decodes on
-    the reference (Python) step instead. Elsewhere the Transformer is decoded as it is.
+    `compiled_step` the compiled module and its C++ step; `on_compile` is told how far a
+    first, slow build of it has come (None: on stderr) and `on_fallback` the reason where
+    a model decodes on the reference (Python) step instead. Elsewhere the Transformer is
+    decoded as it is.
     """
     check_same_vocabularies([c.vocab for c in checkpoints], names)
     dtype = dtype_of(precision)

@@ -48,7 +48,7 @@ def serve(
     verbose: bool = False,
     on_listen: Callable[[str], None] = lambda url: None,
     on_stop: Callable[[], None] = lambda: None,
-    on_compile: Callable[[], None] = lambda: None,
+    on_compile: Callable[[str], None] | None = None,
     on_fallback: Callable[[str], None] = lambda reason: None,
 ) -> None:
     """Serve `models` until stopped. `on_listen(url)` is told where, once listening;

@@ -151,7 +151,7 @@ def load_models(
     alignment_layer: int,
     config: ServeConfig,
     metrics: Metrics,
-    on_compile: Callable[[], None] = lambda: None,
+    on_compile: Callable[[str], None] | None = None,
     on_fallback: Callable[[str], None] = lambda reason: None,
 ) -> Models:
     """Load every model as `nmt translate` does and start its worker processes (call it

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from nmt_cli.errors import NmtError
+from nmt_cli.interrupts import stopping
 
 
 class DistributedError(NmtError):
@@ -160,14 +161,16 @@ def _child(
 @contextlib.contextmanager
 def _watch(children: list[Any]) -> Iterator[None]:
     """If a child rank dies, rank 0 would wait in its next collective until the timeout;
-    instead stop the other ranks and this one at once with the child's exit code."""
+    instead stop the other ranks and this one at once with the child's exit code. Not
+    when a signal stops start-up: the children die of it, and this process exits 128 +
+    the signal (nmt_cli/interrupts.py)."""
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(0.5):
             for rank, proc in enumerate(children, start=1):
                 if proc.exitcode not in (None, 0):
-                    if done.is_set():
+                    if done.is_set() or stopping():
                         return
                     print(
                         f"error: training rank {rank} exited with code {proc.exitcode}; "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ from nmt_cli.engines.train.cpu_kernels import cpu_kernels
 from nmt_cli.engines.train.feed import derive_split
 from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.plan import TrainPlan
+from nmt_cli.interrupts import startup_phase
 
 # Below this many seconds of expected training, one process is kept without a probe.
 SHORT_RUN_S = 120.0
@@ -119,19 +121,48 @@ class Probe:
             )
 
     def processes_s(self) -> float:
-        """`cores` threads of one compute thread each, a part of the batch apiece."""
+        """`cores` threads of one compute thread each, a part of the batch apiece.
+
+        Should the wait for them be interrupted (a signal), they stop at their next layer
+        and nobody waits for them here: a pass can take a minute (bf16 emulated)."""
         copies = [copy.deepcopy(self.objective) for _ in range(self.cores)]
-        with _threads(1), ThreadPoolExecutor(self.cores, thread_name_prefix="nmt-probe") as pool:
+        cancel = threading.Event()
+        for objective in copies:
+            _stop_at_next_layer(objective, cancel)
+        pool = ThreadPoolExecutor(self.cores, thread_name_prefix="nmt-probe")
 
-            def side_by_side() -> None:
-                jobs = [
-                    pool.submit(_forward_backward, c, p, self.precision)
-                    for c, p in zip(copies, self.parts, strict=True)
-                ]
-                for job in jobs:
-                    job.result()
+        def side_by_side() -> None:
+            jobs = [
+                pool.submit(_forward_backward, c, p, self.precision)
+                for c, p in zip(copies, self.parts, strict=True)
+            ]
+            for job in jobs:
+                job.result()
 
-            return _best_of_two(side_by_side)
+        try:
+            with _threads(1):
+                seconds = _best_of_two(side_by_side)
+        except BaseException:
+            cancel.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
+        return seconds
+
+
+class _Cancelled(Exception):
+    """A probe's part stopped because the probe was."""
+
+
+def _stop_at_next_layer(objective: TrainingObjective, cancel: threading.Event) -> None:
+    """Every module of `objective` raises `_Cancelled` on entry once `cancel` is set."""
+
+    def check(module: torch.nn.Module, args: object) -> None:
+        if cancel.is_set():
+            raise _Cancelled
+
+    for module in objective.modules():
+        module.register_forward_pre_hook(check)
 
 
 def expected_seconds(train: TrainConfig, update_s: float) -> float:
@@ -191,6 +222,7 @@ def layout_of(plan: TrainPlan, cores: int) -> CpuLayout:
     if not batches:  # the trainer says what is wrong with the data
         return CpuLayout(1, cores, "no training batches")
     precision = resolve_precision(tc.precision, torch.device("cpu"), "train.precision")
+    startup_phase(f"measuring the CPU layout ({cores} threads or {cores} processes)")
     probe = Probe(plan.model_config, src, tgt, batches[0], cores, precision)
     with reused_heap():  # the heap training runs with: glibc's own made the timings vary more
         return choose_layout(

@@ -38,7 +38,7 @@ from nmt_cli.core.schedule import paper_adam, paper_learning_rate
 from nmt_cli.core.transformer import Transformer, count_parameters
 from nmt_cli.cpu_level import bf16_emulation_warning
 from nmt_cli.cpus import usable_cpus
-from nmt_cli.data_dir import open_data_dir
+from nmt_cli.data_dir import PreparedData, open_data_dir
 from nmt_cli.engines.train.build import check_positions, describe_device, training_objective
 from nmt_cli.engines.train.checkpoints import (
     CheckpointKeeper,
@@ -47,7 +47,7 @@ from nmt_cli.engines.train.checkpoints import (
     train_state,
 )
 from nmt_cli.engines.train.cpu_kernels import CpuKernels, cpu_kernels
-from nmt_cli.engines.train.data_record import data_record, reconcile
+from nmt_cli.engines.train.data_record import Reconciled, data_record, reconcile
 from nmt_cli.engines.train.device_choices import announcement, choose
 from nmt_cli.engines.train.distributed import (
     DistContext,
@@ -70,6 +70,7 @@ from nmt_cli.engines.train.threads import ThreadTuner
 from nmt_cli.engines.train.validate import DevFigures, Validator
 from nmt_cli.engines.translate.attention import attention_of
 from nmt_cli.errors import NmtError
+from nmt_cli.interrupts import cleanup_on_exit, startup_phase, stoppable_startup
 
 
 @dataclass(frozen=True)
@@ -105,53 +106,78 @@ def train(
     options: TrainOptions | None = None,
     on_event: EventSink | None = None,
 ) -> TrainResult:
-    """Train `recipe`'s model; resumes when the run directory has a last checkpoint."""
-    options = options or TrainOptions()
+    """Train `recipe`'s model; resumes when the run directory has a last checkpoint.
+
+    SIGINT or SIGTERM before the first update raises `Interrupted` at once, with nothing
+    to save (nmt_cli/interrupts.py); during training the run saves, then stops (stop.py)."""
+    with stoppable_startup():
+        return _start(recipe, options or TrainOptions(), on_event)
+
+
+def _start(recipe: RecipeConfig, options: TrainOptions, on_event: EventSink | None) -> TrainResult:
     widen_kernel_cache()  # before the first matrix product: the layout probe's
     check_devices(LaunchSpec(options.gpus, options.procs or 1, options.dist_timeout_s))
     run = RunDir(options.run_dir or recipe.train.run_dir)
     if run.root.exists() and not run.root.is_dir():
         raise NmtError(f"{run.root}: exists and is not a directory; choose another --run-dir")
     # Checks that would fail identically on every rank run once, here, with one message.
+    startup_phase("reading the data directory")
     data = open_data_dir(recipe.data.dir)
     reconciled = reconcile(recipe, data)
-    is_rank0 = int(os.environ.get("RANK", "0")) == 0
-    if is_rank0:
-        run.acquire_lock()
+    if not _is_rank0():
+        return _plan_and_launch(reconciled, data, run, options, None)
+    run.acquire_lock()
     try:
-        # Under the lock: the checkpoint read to resume is the one no other writer changes.
-        plan = plan_training(reconciled.recipe, data, run)
-        notices = [Notice(text, warning=True) for text in reconciled.warnings]
-        if options.gpus == 0 and is_rank0:  # said at once: the layout probe runs in it
-            _warn_emulated_bf16(plan.recipe.train.precision, run, on_event)
-        if options.gpus == 0:  # built once here, before the layout probe and the ranks
-            why_not = _build_cpu_kernels(on_event if is_rank0 else None)
-            if why_not is not None:
-                notices.append(
-                    Notice(
-                        "dropout masks, the loss and attention from PyTorch's operations: "
-                        f"{why_not}"
-                    )
-                )
-        procs = options.procs
-        if procs is None:
-            procs = 1
-            if options.gpus == 0 and not under_torchrun() and usable_cpus() > 1:
-                layout = layout_of(plan, usable_cpus())
-                procs = layout.procs
-                notices.append(Notice(f"CPU layout: {layout.describe()} ({layout.reason})"))
-        if is_rank0:
-            run.remove_partial_writes()  # safe: the lock says no other writer is alive
-            for notice in notices:
-                run.log(("warning: " if notice.warning else "") + notice.text)
-                if on_event is not None:
-                    on_event(notice)
-        spec = LaunchSpec(options.gpus, procs, options.dist_timeout_s)
-        result: TrainResult = launch(spec, _train_rank, (plan, options), (on_event,))
-        return result
+        with cleanup_on_exit(run.release_lock):  # should start-up be cut short
+            return _plan_and_launch(reconciled, data, run, options, on_event)
     finally:
-        if is_rank0:
-            run.release_lock()
+        run.release_lock()
+
+
+def _plan_and_launch(
+    reconciled: Reconciled,
+    data: PreparedData,
+    run: RunDir,
+    options: TrainOptions,
+    on_event: EventSink | None,
+) -> TrainResult:
+    """What `train` does under the run's lock (on rank 0): `on_event` only there."""
+    # Under the lock: the checkpoint read to resume is the one no other writer changes.
+    plan = plan_training(reconciled.recipe, data, run)
+    notices = [Notice(text, warning=True) for text in reconciled.warnings]
+    if options.gpus == 0 and _is_rank0():  # said at once: the layout probe runs in it
+        _warn_emulated_bf16(plan.recipe.train.precision, run, on_event)
+    if options.gpus == 0:  # built once here, before the layout probe and the ranks
+        startup_phase("loading the CPU kernels")
+        why_not = _build_cpu_kernels(on_event)
+        if why_not is not None:
+            notices.append(
+                Notice(
+                    f"dropout masks, the loss and attention from PyTorch's operations: {why_not}"
+                )
+            )
+    procs = options.procs
+    if procs is None:
+        procs = 1
+        if options.gpus == 0 and not under_torchrun() and usable_cpus() > 1:
+            layout = layout_of(plan, usable_cpus())
+            procs = layout.procs
+            notices.append(Notice(f"CPU layout: {layout.describe()} ({layout.reason})"))
+    if _is_rank0():
+        run.remove_partial_writes()  # safe: the lock says no other writer is alive
+        for notice in notices:
+            run.log(("warning: " if notice.warning else "") + notice.text)
+            if on_event is not None:
+                on_event(notice)
+    spec = LaunchSpec(options.gpus, procs, options.dist_timeout_s)
+    if spec.world > 1 and not under_torchrun():
+        startup_phase(f"starting {spec.world} training processes")
+    result: TrainResult = launch(spec, _train_rank, (plan, options), (on_event,))
+    return result
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _warn_emulated_bf16(precision: str, run: RunDir, on_event: EventSink | None) -> None:
@@ -324,7 +350,10 @@ class _Trainer:
         tuner = self._thread_tuner()
         attempts = first_attempt = self.pos.step + self.pos.skipped
         stopped_by = "max_epochs"
-        with StopRequest() as stop:
+        if self.choices.compile_model:
+            startup_phase("compiling the model in the first update")
+        # A compiled model's first update is mostly compilation: a signal stops it at once.
+        with StopRequest(immediate=self.choices.compile_model) as stop:
             for plan, update in self.feed.updates(self.pos):
                 if tuner is not None:
                     tuner.before_update()
@@ -340,6 +369,7 @@ class _Trainer:
                 if self.choices.prefetch:
                     self.feed.prefetch(plan, update + 1)  # while the device works
                 stats = pending.result()
+                stop.started()
                 if attempts == first_attempt and self.choices.compile_model:
                     failure = self.updater.compile_failure
                     if failure is None:
@@ -442,6 +472,7 @@ def _train_rank(
     if ctx.is_main:
         run.write_config(recipe.to_dict())
     reporter = Reporter(run, recipe.train, on_event, ctx.is_main)
+    startup_phase("building the model")
     trainer = _Trainer(ctx, plan, run, reporter, options.max_nonfinite)
     if ctx.is_main:
         run.write_vocab(trainer.data.vocab)

@@ -15,14 +15,22 @@ from types import FrameType
 from typing import Any
 
 from nmt_cli.config import TrainConfig
+from nmt_cli.interrupts import end_startup
 
 
 class StopRequest:
     """SIGINT/SIGTERM set a flag that the loop checks between updates; a second SIGINT
-    interrupts at once."""
+    interrupts at once.
 
-    def __init__(self) -> None:
+    Entering it ends start-up (nmt_cli/interrupts.py), where a signal stops at once:
+    there is something to save from here on. With `immediate`, start-up lasts until
+    `started()`, which the loop calls after its first update: a compiled model's first
+    update is mostly compilation (minutes), and it has nothing to save either."""
+
+    def __init__(self, immediate: bool = False) -> None:
         self.signal: int | None = None
+        self._immediate = immediate
+        self._installed = False
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -30,12 +38,21 @@ class StopRequest:
             raise KeyboardInterrupt
         self.signal = signum
 
-    def __enter__(self) -> StopRequest:
+    def started(self) -> None:
+        """An update is done: from now on a signal waits for the end of one."""
+        if self._installed:
+            return
+        self._installed = True
+        end_startup()  # its handlers go first, so that __exit__ restores the ones before
         try:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread: no signal handling
             pass
+
+    def __enter__(self) -> StopRequest:
+        if not self._immediate:
+            self.started()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -177,7 +177,7 @@ def translate_file(
     as_json: bool = False,
     alignment_layer: int | None = None,
     on_bad_utf8: str = "error",
-    on_compile: Callable[[], None] = lambda: None,
+    on_compile: Callable[[str], None] | None = None,
     on_fallback: Callable[[str], None] | None = None,
     progress: Callable[[int | None], AbstractContextManager[Progress]] | None = None,
 ) -> FileReport:

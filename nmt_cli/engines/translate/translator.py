@@ -136,7 +136,7 @@ class Translator:
         models: ModelPaths,
         config: DecodeConfig | None = None,
         alignment_layer: int | None = None,
-        on_compile: Callable[[], None] = lambda: None,
+        on_compile: Callable[[str], None] | None = None,
         on_fallback: Callable[[str], None] | None = None,
         **options: Any,
     ) -> Translator:
@@ -149,10 +149,11 @@ class Translator:
         `alignment_layer` (1-based; 0: the penultimate) gives every hypothesis its word
         alignment, as `nmt translate --alignment`.
         On a CPU the decoder step is compiled C++ unless `compiled_step=False`: the first
-        load on a machine builds it (about a minute; `on_compile` is called before), and where
-        it cannot be built `on_fallback` gets the reason (default: a warning) and decoding
-        stays in Python (the same fp32 results; bf16 and int8, without the module's kernels,
-        may differ in a few lines).
+        load on a machine builds it (a minute or more; `on_compile` is told how far it has
+        come, line by line, and None writes those lines on stderr), and where it cannot be
+        built `on_fallback` gets the reason (default: a warning) and decoding stays in
+        Python (the same fp32 results; bf16 and int8, without the module's kernels, may
+        differ in a few lines).
         Raises NmtError for an unusable checkpoint or models that cannot be ensembled.
         """
         cfg = decode_config(config, options)
@@ -177,7 +178,7 @@ class Translator:
         workers: int = 1,
         alignment_layer: int | None = None,
         names: Sequence[str] | None = None,
-        on_compile: Callable[[], None] = lambda: None,
+        on_compile: Callable[[str], None] | None = None,
         on_fallback: Callable[[str], None] = lambda reason: None,
         threads: int | None = None,
     ) -> Translator:
