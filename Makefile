@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo clean
+.PHONY: install test test-torch-range lint demo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest tests
+
+# The tests of every stage under the floor, 2.11 and newest torch, each in its own
+# virtual environment cached outside the checkout (.ci/torch_range says which).
+test-torch-range:
+	.ci/torch_range
 
 demo: $(STAMP)
 	$(BIN)/nmt run recipes/demo.toml

@@ -222,7 +222,44 @@ def _copy(t: Tensor, device: torch.device | str, pinned: bool) -> Tensor:
 
 
 Rows = Sequence[Sequence[int] | np.ndarray]
-Flat = tuple[Tensor, Tensor, Tensor]  # tokens, each row's start in them, its length
+
+
+@dataclass(frozen=True)
+class Flat:
+    """A side's rows as one flat id tensor, each row's start in it and its length.
+
+    `tokens` is in a dtype that PyTorch fully supports: a uint16 store is viewed as int16
+    (the same bytes, no copy) and `modulus` (2**16) maps the gathered ids back, because
+    PyTorch documents only limited eager support for uint16/32/64 (torch 2.11's CPU
+    `torch.where` has no uint16 kernel at all). uint8, int32 and int64 are used as stored.
+    """
+
+    tokens: Tensor
+    starts: Tensor
+    lengths: Tensor
+    modulus: int = 0  # 2**bits when `tokens` holds unsigned ids reinterpreted as signed
+
+    def gather(self, positions: Tensor) -> Tensor:
+        """The ids at `positions` (any shape), as int64."""
+        ids = self.tokens[positions].long()
+        return ids & (self.modulus - 1) if self.modulus else ids
+
+
+# Unsigned store dtypes beyond uint8 -> the signed type of the same width PyTorch reads.
+_SIGNED_VIEW: dict[np.dtype, np.dtype] = {
+    np.dtype(np.uint16): np.dtype(np.int16),
+    np.dtype(np.uint32): np.dtype(np.int32),
+}
+
+
+def torch_ids(tokens: np.ndarray) -> tuple[Tensor, int]:
+    """`tokens` as a tensor of a fully supported dtype sharing their memory, and the
+    modulus that maps its values back to the ids (0: none needed; see `Flat`)."""
+    array = np.asarray(tokens)
+    signed = _SIGNED_VIEW.get(array.dtype)
+    if signed is None:
+        return torch.from_numpy(array), 0
+    return torch.from_numpy(array.view(signed)), 1 << (8 * array.dtype.itemsize)
 
 
 def pad_sources(rows: Rows, multiple: int = 1) -> Tensor:
@@ -234,25 +271,30 @@ def pad_sources(rows: Rows, multiple: int = 1) -> Tensor:
 def _flat(side: TokenStore | Rows, idx: Sequence[int] | np.ndarray) -> Flat:
     """A store's own memory map, or an in-memory list's rows joined."""
     if isinstance(side, TokenStore):
-        flat = side.tokens, side.offsets[idx], side.lengths[idx]
+        tokens, modulus = torch_ids(side.tokens)
+        starts, lengths = side.offsets[idx], side.lengths[idx]
     else:
         rows = [np.asarray(side[i], dtype=np.int64) for i in idx]
         lengths = np.array([len(r) for r in rows], dtype=np.int64)
-        flat = np.concatenate([np.zeros(0, np.int64), *rows]), np.cumsum(lengths) - lengths, lengths
-    return tuple(torch.from_numpy(np.asarray(x)) for x in flat)  # type: ignore[return-value]
+        starts = np.cumsum(lengths) - lengths
+        tokens, modulus = torch.from_numpy(np.concatenate([np.zeros(0, np.int64), *rows])), 0
+    starts_t = torch.from_numpy(np.asarray(starts, dtype=np.int64))
+    return Flat(tokens, starts_t, torch.from_numpy(np.asarray(lengths, dtype=np.int64)), modulus)
 
 
 def _padded(flat: Flat, multiple: int, bos: bool) -> Tensor:
     """(B, W) int64: BOS (with `bos`) + each row's ids + EOS (without), then PAD; one
     gather for the whole batch, in PyTorch's operations, which release the GIL: row by
     row a 25,000-token batch took ~25 ms of Python, numpy's gather still held the GIL, and
-    the thread collating the next update made the training thread wait for it."""
-    tokens, starts, lengths = flat
+    the thread collating the next update made the training thread wait for it. Every
+    operation after the gather sees int64 ids (`Flat.gather`), whatever the store's dtype."""
+    starts, lengths = flat.starts, flat.lengths
     width = round_up(int(lengths.max()) + 1 if len(lengths) else 1, multiple)
     col = torch.arange(width) - int(bos)
     inside = (col >= 0) & (col < lengths[:, None])
     picked = torch.where(inside, starts[:, None] + col, 0)
-    out = torch.where(inside, tokens[picked] if len(tokens) else 0, PAD_ID).long()
+    ids = flat.gather(picked) if len(flat.tokens) else torch.zeros_like(picked)
+    out = torch.where(inside, ids, PAD_ID)
     out[torch.arange(len(lengths)), 0 if bos else lengths] = BOS_ID if bos else EOS_ID
     return out
 
@@ -268,6 +310,6 @@ def collate(
         _padded(src_flat, multiple, bos=False),
         _padded(tgt_flat, multiple, bos=True),
         _padded(tgt_flat, multiple, bos=False),
-        int(src_flat[2].sum()) + len(idx),
-        int(tgt_flat[2].sum()) + len(idx),
+        int(src_flat.lengths.sum()) + len(idx),
+        int(tgt_flat.lengths.sum()) + len(idx),
     )

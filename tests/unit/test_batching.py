@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from train_data import batch_of, write_store
 
 from nmt_cli.core.batching import collate, length_grouped_batches, pad_sources, plan_epoch
@@ -131,3 +133,80 @@ def test_collate_gathers_any_examples_of_a_store_or_a_list_alike(
     total = sum(len(seqs[i]) + 1 for i in indices)
     assert (batch.src_tokens, batch.tgt_tokens) == (total, total)
     assert pad_sources([seqs[i] for i in indices], multiple).tolist() == batch.src.tolist()
+
+
+# Vocabulary sizes whose stores `nmt prepare` writes as uint8, uint16 and int32
+# (`smallest_dtype`): the ids run up to each type's largest and over its top bit, where a
+# sign slip shows.
+STORE_VOCABS = [(256, np.uint8), (65_536, np.uint16), (70_000, np.int32)]
+
+
+def _ops_on_limited_dtypes(run: Callable[[], object]) -> set[str]:
+    """The PyTorch operations `run` applies to a tensor of a dtype that PyTorch documents
+    as having limited eager support (uint16/32/64): torch 2.11 has no CPU `where` for
+    uint16, for one, so a collation that depends on them fails there."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    limited = {torch.uint16, torch.uint32, torch.uint64}
+    seen: set[str] = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs or {}))]
+            if any(isinstance(t, torch.Tensor) and t.dtype in limited for t in tensors):
+                seen.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        run()
+    return seen
+
+
+@pytest.mark.parametrize(("vocab_size", "dtype"), STORE_VOCABS)
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_collate_pads_the_ids_of_every_store_dtype(
+    tmp_path: Path, vocab_size: int, dtype: type, multiple: int
+) -> None:
+    top, half = vocab_size - 1, vocab_size // 2  # half: the first id with the top bit set
+    seqs = [[top, 4, top - 1], [], [5], [top, top, top, top, half - 1, half, 1]]
+    write_store(tmp_path / "s", vocab_size, seqs)
+    store = TokenStore(tmp_path / "s")
+    assert store.dtype == dtype
+    batch = collate(store, store, np.array([3, 1, 0, 2]), multiple)
+    width = 8
+    pad = lambda row: row + [PAD_ID] * (width - len(row))  # noqa: E731
+    assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.int64
+    assert batch.src.tolist() == [
+        [top, top, top, top, half - 1, half, 1, EOS_ID],
+        pad([EOS_ID]),
+        pad([top, 4, top - 1, EOS_ID]),
+        pad([5, EOS_ID]),
+    ]
+    assert batch.tgt_in.tolist() == [
+        [BOS_ID, top, top, top, top, half - 1, half, 1],
+        pad([BOS_ID]),
+        pad([BOS_ID, top, 4, top - 1]),
+        pad([BOS_ID, 5]),
+    ]
+    assert batch.tgt_out.tolist() == batch.src.tolist()
+    assert (batch.src_tokens, batch.tgt_tokens) == (15, 15)  # 11 ids + 4 EOS or BOS
+
+
+@pytest.mark.parametrize(("vocab_size", "dtype"), STORE_VOCABS)
+def test_collation_applies_no_operation_to_a_limited_unsigned_dtype(
+    tmp_path: Path, vocab_size: int, dtype: type
+) -> None:
+    seqs = [[vocab_size - 1, 7], [9]]
+    write_store(tmp_path / "s", vocab_size, seqs)
+    store = TokenStore(tmp_path / "s")
+    assert store.dtype == dtype
+    ops = _ops_on_limited_dtypes(lambda: collate(store, store, np.array([0, 1]), multiple=8))
+    assert ops == set()
+
+
+def test_a_store_of_empty_rows_only_collates_to_eos_and_padding(tmp_path: Path) -> None:
+    write_store(tmp_path / "s", 65_536, [[], []])
+    store = TokenStore(tmp_path / "s")
+    batch = collate(store, store, np.array([1, 0]))
+    assert batch.src.tolist() == [[EOS_ID], [EOS_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID], [BOS_ID]]
