@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-torch-range lint demo clean
+.PHONY: install test test-avx2 test-torch-range lint demo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest tests
+
+# The whole suite as an AVX2-only CPU runs it (no AVX-512 kernels, no bf16 units; oneDNN,
+# ATen and MKL capped too), on any machine: see nmt_cli/cpu_level.py.
+test-avx2: $(STAMP)
+	NMT_CPU_LEVEL=avx2 $(BIN)/pytest tests
 
 # The tests of every stage under the floor, 2.11 and newest torch, each in its own
 # virtual environment cached outside the checkout (.ci/torch_range says which).
