@@ -62,16 +62,22 @@ _MKL_INSTRUCTIONS = {"generic": "SSE4_2", "avx2": "AVX2"}  # the rest: "AVX512"
 REPORTED_FLAGS: tuple[str, ...] = (*sorted(set().union(*_ADDS.values())), "avx_vnni")
 
 
-@cache
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The flags the kernel reports for the first CPU; empty where they cannot be read
-    (another OS, a sandbox): the safe answer, which makes the level generic."""
+def cpuinfo_field(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """One field of the kernel's description of the first CPU ("flags", "model name");
+    empty where it cannot be read (another OS, a sandbox)."""
     try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
-        return frozenset()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
+        return ""
+    line = next((line for line in text.splitlines() if line.startswith(name)), "")
+    return line.partition(":")[2].strip()
+
+
+@cache
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The flags the kernel reports for the first CPU; none where they cannot be read:
+    the safe answer, which makes the level generic."""
+    return frozenset(cpuinfo_field("flags", cpuinfo).split())
 
 
 def detected_level(flags: frozenset[str] | None = None) -> str:

@@ -13,7 +13,6 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -22,7 +21,15 @@ from nmt_cli.core.precision import cpu_supports_bf16, dtype_of, resolve_decode_p
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.cpu_decode import cpu_decoders
 from nmt_cli.cpu_decode.build import CompileError, build_directory, is_built, prepare_kernel
-from nmt_cli.cpu_level import ENV, LEVELS, REPORTED_FLAGS, cpu_flags, cpu_level, detected_level
+from nmt_cli.cpu_level import (
+    ENV,
+    LEVELS,
+    REPORTED_FLAGS,
+    cpu_flags,
+    cpu_level,
+    cpuinfo_field,
+    detected_level,
+)
 from nmt_cli.cpus import usable_cpus
 from nmt_cli.engines.train.cpu_kernels import cpu_kernel_paths
 from nmt_cli.version import __version__
@@ -96,13 +103,8 @@ def _torch_section() -> Section:
     return Section("torch", tuple(rows))
 
 
-def _cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return platform.processor() or "unknown"
-    line = next((line for line in text.splitlines() if line.startswith("model name")), "")
-    return line.partition(":")[2].strip() or platform.processor() or "unknown"
+def _cpu_model() -> str:
+    return cpuinfo_field("model name") or platform.processor() or "unknown"
 
 
 def _cpu_section() -> Section:
