@@ -46,9 +46,25 @@ def test_dry_run_prints_parameter_counts(recipe: str, expected: int) -> None:
 
 
 def test_dry_run_with_override() -> None:
+    """The setting takes: the recipe's table shows it, and the count loses exactly five
+    of base's six encoder layers, each counted from the core's own layer."""
+    from nmt_cli.config import load_recipe
+    from nmt_cli.core.transformer import EncoderLayer, count_parameters
+
     args = ["train", str(RECIPES / "base.toml"), "--dry-run", "--vocab-size", "1000"]
-    result = runner.invoke(app, [*args, "--set", "model.encoder_layers=1"])
-    assert result.exit_code == 0, result.output
+
+    def parameters(*extra: str) -> tuple[int, str]:
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        line = next(x for x in result.stdout.splitlines() if x.startswith("parameters: "))
+        return int(line.removeprefix("parameters: ")), result.output
+
+    full, _ = parameters()
+    one, shown = parameters("--set", "model.encoder_layers=1")
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in shown.splitlines()]
+    assert ["model.encoder_layers", "1"] in rows  # the resolved recipe, as printed
+    layer = EncoderLayer(load_recipe(str(RECIPES / "base.toml"), []).model)
+    assert full - one == 5 * count_parameters(layer)
 
 
 def test_user_mistake_is_one_line_and_exit_1(tmp_path: Path) -> None:

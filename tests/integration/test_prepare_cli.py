@@ -109,8 +109,10 @@ def test_text_directory_gives_a_complete_readable_data_directory(
         "test_2016_flickr.de.gz",
     ]
     assert set(manifest["versions"]) >= {"nmt", "sentencepiece", "datasets", "numpy"}
-    assert manifest["vocab"] | {"sample_pairs": 0} == manifest["vocab"] | {"sample_pairs": 0}
-    assert manifest["vocab"]["src_model"] == manifest["vocab"]["tgt_model"] == "spm.model"
+    vocab = manifest["vocab"]
+    assert (vocab["size"], vocab["joint"], vocab["type"]) == (int(VOCAB), True, "sentencepiece-bpe")
+    assert vocab["sample_pairs"] == kept  # a small corpus: every kept pair, under the bound
+    assert vocab["src_model"] == vocab["tgt_model"] == "spm.model"
 
 
 def test_rerun_skips_every_stage_and_leaves_the_manifest_alone(prepared: Path, m30k: Path) -> None:

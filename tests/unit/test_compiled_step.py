@@ -508,11 +508,30 @@ def test_build_decoder_gives_cpu_models_the_compiled_step(kernel: ModuleType) ->
 def test_the_build_is_cached_per_source_and_torch_version(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """A new PyTorch or a changed source names another module (never a stale load); the
+    same of both names the same one; TORCH_EXTENSIONS_DIR says where."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     directory = build.build_directory()
     assert directory.parent == tmp_path
     assert torch.__version__ not in directory.name  # hashed with the source text
     assert not build.is_built()
+    here = build._module_name()
+    build._module_name.cache_clear()
+    try:
+        assert build._module_name() == here  # the same torch and sources: the same module
+        monkeypatch.setattr(torch, "__version__", torch.__version__ + ".other")
+        build._module_name.cache_clear()
+        assert build._module_name() != here
+        monkeypatch.undo()
+        source = tmp_path / "csrc"
+        shutil.copytree(build._CSRC, source)
+        (source / "cpu_level.cpp").write_text((source / "cpu_level.cpp").read_text() + "\n")
+        monkeypatch.setattr(build, "SOURCES", [source / p.name for p in build.SOURCES])
+        build._module_name.cache_clear()
+        assert build._module_name() != here  # one changed byte of one source
+    finally:
+        monkeypatch.undo()
+        build._module_name.cache_clear()
 
 
 def test_each_source_directory_builds_its_own_module(
