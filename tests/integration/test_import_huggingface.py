@@ -301,16 +301,22 @@ def test_a_multilingual_table_and_bad_paths_are_refused(
     table = json.loads((model / "vocab.json").read_text())
     table[">>fra<<"] = len(table)
     (model / "vocab.json").write_text(json.dumps(table))
+    # A model or a path that cannot serve: exit 1; a value the option never takes: exit 2.
     cases = [
-        (["import", "--from", "huggingface", str(model), "-o", "x.pt"], "multilingual"),
-        (["import", "--from", "huggingface", str(tmp_path / "no"), "-o", "x.pt"], "not a dir"),
-        (["import", "--from", "huggingface", str(saved_marian), "-o", str(tmp_path)], "is a dir"),
-        (["import", "--from", "huggingface", str(saved_marian), "-o", "-"], "not stdout"),
+        (["import", "--from", "huggingface", str(model), "-o", "x.pt"], "multilingual", 1),
+        (["import", "--from", "huggingface", str(tmp_path / "no"), "-o", "x.pt"], "not a dir", 1),
+        (
+            ["import", "--from", "huggingface", str(saved_marian), "-o", str(tmp_path)],
+            "is a dir",
+            1,
+        ),
+        (["import", "--from", "huggingface", str(saved_marian), "-o", "-"], "not stdout", 2),
     ]
-    for args, message in cases:
+    for args, message, code in cases:
         result = runner.invoke(app, args)
         no_escape(result)
-        assert result.exit_code in (1, 2) and message in result.output, (args, result.output)
+        assert result.exit_code == code and message in result.output, (args, result.output)
+        assert not (tmp_path / "x.pt").exists()
 
 
 def _random_bias(ckpt: Checkpoint) -> Checkpoint:
