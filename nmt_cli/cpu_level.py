@@ -92,9 +92,9 @@ def detected_level(flags: frozenset[str] | None = None) -> str:
     return level
 
 
-def requested_cap(environ: dict[str, str] | os._Environ[str] | None = None) -> str | None:
+def requested_cap() -> str | None:
     """The level `NMT_CPU_LEVEL` asks for, None when unset or empty."""
-    value = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
+    value = os.environ.get(ENV, "").strip().lower()
     if not value:
         return None
     if value not in LEVELS:

@@ -185,12 +185,16 @@ class StartupGuard:
         if self._raised or self.ended:
             return  # already stopping: the first signal decides, the watchdog bounds it
         self._raised = True
+        self._stop_below(signum)
+        raise SignalInterrupt(signum)
+
+    def _stop_below(self, signum: int) -> None:
+        """Note the signal (the first decides) and SIGTERM every process below this one."""
         with self._lock:
             self.signum = self.signum or signum
         below = descendants()
         self._signalled += below
         _send(below, signal.SIGTERM)
-        raise SignalInterrupt(signum)
 
     def interrupted(self, signum: int) -> Interrupted:
         """The error a command reports, once the processes below are gone."""
@@ -228,12 +232,7 @@ class StartupGuard:
                 signum = next((b for b in data if b in SIGNALS), None)
                 if signum is not None:
                     break
-        # At once, as the handler would: the main thread may not run it for a while.
-        with self._lock:
-            self.signum = self.signum or signum
-        below = descendants()
-        self._signalled += below
-        _send(below, signal.SIGTERM)
+        self._stop_below(signum)  # at once: the main thread may not run its handler for a while
         time.sleep(STALL_S)
         self._force(signum)
 

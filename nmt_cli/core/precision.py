@@ -32,11 +32,6 @@ DecodePrecisionSetting = Literal["auto", DecodePrecision]  # decode.precision, -
 DECODE_PRECISIONS: tuple[str, ...] = typing.get_args(DecodePrecisionSetting)
 
 
-def cpu_supports_bf16() -> bool:
-    """AVX512_BF16 or AMX (within NMT_CPU_LEVEL): bf16 matrix products run in hardware."""
-    return has_bf16_units()
-
-
 def resolve_precision(requested: str, device: torch.device, setting: str) -> Precision:
     """'auto' -> what the device runs natively; fp16 is refused off a GPU.
 
@@ -48,7 +43,7 @@ def resolve_precision(requested: str, device: torch.device, setting: str) -> Pre
     if requested == "auto":
         if device.type == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if cpu_supports_bf16() else "fp32"
+        return "bf16" if has_bf16_units() else "fp32"
     if requested == "fp16" and device.type != "cuda":
         raise NmtError(f"{setting} fp16 needs a GPU; on a CPU use bf16 or fp32")
     if requested not in ("fp32", "bf16", "fp16"):

@@ -235,8 +235,7 @@ def _build(directory: Path, report: Report) -> ModuleType:
         finally:
             stop.set()
             watcher.join()
-    library = directory / f"{_module_name()}.so"
-    stamp = {**_identity(library), "seconds": round(time.time() - since, 1)}
+    stamp = {**_identity(library_path()), "seconds": round(time.time() - since, 1)}
     temporary = directory / f"built.json.{os.getpid()}"
     temporary.write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
     temporary.replace(_stamp_path(directory))
@@ -373,9 +372,7 @@ def prepare_kernel(on_compile: Report | None = None) -> ModuleType:
     line by line; None: on stderr). Raises CompileError where it cannot be built or
     loaded here, a missing source file included."""
     try:
-        built = is_built()
-    except OSError as exc:  # a source file is missing or unreadable
+        is_built()  # hashes the sources: a missing one is named here
+    except OSError as exc:
         raise CompileError(f"cannot read the module's sources: {exc}") from exc
-    if not built:
-        check_tools()
     return load_kernel(on_compile)

@@ -13,11 +13,12 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
 from nmt_cli.core.model_config import ModelConfig
-from nmt_cli.core.precision import cpu_supports_bf16, dtype_of, resolve_decode_precision
+from nmt_cli.core.precision import dtype_of, resolve_decode_precision
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.cpu_decode import cpu_decoders
 from nmt_cli.cpu_decode.build import CompileError, build_directory, is_built, prepare_kernel
@@ -29,6 +30,7 @@ from nmt_cli.cpu_level import (
     cpu_level,
     cpuinfo_field,
     detected_level,
+    has_bf16_units,
 )
 from nmt_cli.cpus import usable_cpus
 from nmt_cli.engines.train.cpu_kernels import cpu_kernel_paths
@@ -46,7 +48,7 @@ class Section:
 def describe_environment(build: bool = False) -> list[Section]:
     """The report; `build` builds the compiled module first if it is missing (without it,
     the decoding and training paths are those of a machine where it is not built yet)."""
-    kernel_note = _kernel(build)
+    kernel, kernel_note = _kernel(build)
     sections = [
         Section(
             "nmt",
@@ -62,19 +64,21 @@ def describe_environment(build: bool = False) -> list[Section]:
         Section("compiled CPU module", (("state", kernel_note), ("directory", _directory()))),
     ]
     sections.extend(_decoding_sections())
-    sections.append(Section("training on the CPU", tuple(_training_paths().items())))
+    sections.append(Section("training on the CPU", tuple(cpu_kernel_paths(kernel).items())))
     return sections
 
 
-def _kernel(build: bool) -> str:
-    """Whether the module is here, building it first with `build`."""
+def _kernel(build: bool) -> tuple[ModuleType | None, str]:
+    """The module where it is here (built first with `build`), and its state in words."""
     try:
         if build or is_built():
-            prepare_kernel()
-            return "built and loaded"
+            return prepare_kernel(), "built and loaded"
     except CompileError as exc:
-        return f"cannot be built here: {exc}"
-    return "not built yet (the first command that decodes or trains builds it; or nmt env --build)"
+        return None, f"cannot be built here: {exc}"
+    return (
+        None,
+        "not built yet (the first command that decodes or trains builds it; or nmt env --build)",
+    )
 
 
 def _directory() -> str:
@@ -130,7 +134,7 @@ def _precision_section() -> Section:
     cpu = torch.device("cpu")
     rows = [
         ("auto on the CPU", resolve_decode_precision("auto", cpu, "auto")),
-        ("bf16 on the CPU", "in hardware" if cpu_supports_bf16() else "emulated (slow)"),
+        ("bf16 on the CPU", "in hardware" if has_bf16_units() else "emulated (slow)"),
     ]
     if torch.cuda.is_available():
         rows.append(("auto on the GPU", resolve_decode_precision("auto", torch.device("cuda"), "")))
@@ -153,13 +157,3 @@ def _decoding_sections() -> list[Section]:
         rows = list(decoder.paths().items()) + [("note", note) for note in notes]
         sections.append(Section(f"decoding on the CPU in {precision}", tuple(rows)))
     return sections
-
-
-def _training_paths() -> dict[str, str]:
-    kernel = None
-    if is_built():
-        try:
-            kernel = prepare_kernel()
-        except CompileError:
-            kernel = None
-    return cpu_kernel_paths(kernel)

@@ -22,10 +22,10 @@ from nmt_cli.config import RecipeConfig, TrainConfig
 from nmt_cli.core import objective as objective_module
 from nmt_cli.core.batching import plan_epoch
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
-from nmt_cli.core.precision import cpu_supports_bf16
 from nmt_cli.core.schedule import paper_learning_rate
 from nmt_cli.core.search import greedy_search
 from nmt_cli.core.vocab import EOS_ID, PAD_ID, train_sentencepiece
+from nmt_cli.cpu_level import has_bf16_units
 from nmt_cli.engines.train import TrainOptions, train
 from nmt_cli.engines.train.events import Notice, StepDone, TrainEvent, TrainStarted
 from nmt_cli.engines.train.feed import derive_split
@@ -244,7 +244,7 @@ def test_stops_on_max_epochs_and_on_max_time(data: Path, tmp_path: Path) -> None
 
 
 def test_bf16_training_runs_on_the_cpu(data: Path, tmp_path: Path) -> None:
-    if not cpu_supports_bf16():
+    if not has_bf16_units():
         pytest.skip("this CPU has no native bf16")
     events: list[TrainEvent] = []
     result = train(tiny_recipe(data, tmp_path / "run", precision="auto"), on_event=events.append)

@@ -378,13 +378,8 @@ void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
 
 }  // namespace
 
-bool attention_train_vectorized() {
-#if defined(__x86_64__)
-  return cpu_level_at_least(CpuLevel::kAvx512);
-#else
-  return false;
-#endif
-}
+// Elsewhere than x86-64 the detected level is generic: never.
+bool attention_train_vectorized() { return cpu_level_at_least(CpuLevel::kAvx512); }
 
 std::tuple<at::Tensor, at::Tensor> attention_train_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

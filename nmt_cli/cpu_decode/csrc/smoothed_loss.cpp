@@ -106,13 +106,8 @@ NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float sc
 
 }  // namespace
 
-bool smoothed_loss_vectorized() {
-#if defined(__x86_64__)
-  return cpu_level_at_least(CpuLevel::kAvx512);
-#else
-  return false;
-#endif
-}
+// Elsewhere than x86-64 the detected level is generic: never.
+bool smoothed_loss_vectorized() { return cpu_level_at_least(CpuLevel::kAvx512); }
 
 namespace {
 
