@@ -352,6 +352,9 @@ def test_a_step_that_cannot_be_compiled_is_a_warning_not_a_failure(
     def no_compiler() -> None:
         raise compiled_step.CompileError("no C++ compiler (c++) on PATH")
 
+    # As in a fresh process on a machine without a compiler: nothing loaded yet (an
+    # earlier test of this process may have loaded the module), nothing built.
+    monkeypatch.setattr(compiled_step, "_loaded", None)
     monkeypatch.setattr(compiled_step, "is_built", lambda: False)
     monkeypatch.setattr(compiled_step, "check_tools", no_compiler)
     text = "\n".join(COPY_POOL[:4]) + "\n"
