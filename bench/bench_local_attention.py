@@ -21,7 +21,7 @@ machine, as other processes' use of the caches and memory bandwidth shows in the
 Above 32 MiB glibc's malloc maps every tensor afresh, so with its default settings the
 largest lengths also pay for page faults that the smaller ones do not; `--heap kept`
 runs the passes as `nmt train` runs its updates on a CPU, with freed memory kept for the
-next one (engines/train/heap.py).
+next one (nmt_cli/heap.py).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def measure(
 ) -> dict[str, float]:
     """One configuration, in this process: best seconds of forward + backward, and the peak
     memory (MiB) the passes added. On a CPU, `heap` "kept" runs the passes as `nmt train`
-    runs its updates, with freed memory kept for the next pass (engines/train/heap.py);
+    runs its updates, with freed memory kept for the next pass (nmt_cli/heap.py);
     "default" with glibc's defaults, which map every block over 32 MiB afresh and fault
     its pages in on every pass."""
     import contextlib
@@ -59,7 +59,7 @@ def measure(
 
     from nmt_cli.core.model_config import ModelConfig
     from nmt_cli.core.transformer import MultiHeadAttention
-    from nmt_cli.engines.train.heap import reused_heap
+    from nmt_cli.heap import reused_heap
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

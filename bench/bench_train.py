@@ -47,15 +47,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nmt_cli.backends.cpu.training import CpuKernels, cpu_kernels
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.flops import matmul_rate, train_flops
 from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
-from nmt_cli.engines.train.cpu_kernels import CpuKernels, cpu_kernels
-from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.step import Updater
+from nmt_cli.heap import reused_heap
 
 MODELS = {
     "small": ModelConfig(

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from nmt_cli.backends.cpu.training import cpu_kernels
 from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
-from nmt_cli.engines.train.cpu_kernels import cpu_kernels
 
 
 def layer(

@@ -19,9 +19,9 @@ import sys
 
 from nmt_cli.core.vocab import Vocab, train_sentencepiece
 from nmt_cli.engines.prepare.treebank import TREEBANKS, read_treebank, target_form
-from nmt_cli.engines.trees.linearize import delinearize, normalize
-from nmt_cli.engines.trees.scoring import score_trees
-from nmt_cli.engines.trees.tree import TOP, Tree, read_tree
+from nmt_cli.trees.linearize import delinearize, normalize
+from nmt_cli.trees.scoring import score_trees
+from nmt_cli.trees.tree import TOP, Tree, read_tree
 
 
 def main() -> int:

@@ -56,11 +56,11 @@ from nmt_cli.engines.train import step as step_module
 from nmt_cli.engines.train.checkpoints import CheckpointKeeper
 from nmt_cli.engines.train.device_choices import choose
 from nmt_cli.engines.train.feed import TrainFeed
-from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.report import Reporter
 from nmt_cli.engines.train.step import PendingUpdate, Updater
 from nmt_cli.engines.train.threads import ThreadTuner
 from nmt_cli.engines.train.validate import Validator
+from nmt_cli.heap import reused_heap
 
 PARTS = (
     "batch preparation",

@@ -183,7 +183,7 @@ class DecodeConfig:
     threads: int = 0  # CPU threads; 0 = all cores available to the process
     workers: int = 0  # CPU batches decoded side by side; 0 = one per thread
     buffer_lines: int = 2000  # read-ahead: lines sorted by length together, memory bound
-    compiled_step: bool = True  # CPUs: the decoder step as one C++ call (cpu_decode/step.py)
+    compiled_step: bool = True  # CPUs: the decoder step as one C++ call (backends/cpu/step.py)
 
     def __post_init__(self) -> None:
         one_of("decode", self, "precision", DECODE_PRECISIONS)

@@ -123,7 +123,7 @@ def _score_trees(
     verbosity: Verbosity,
 ) -> None:
     """`nmt score --trees`: EVALB's summaries, the repairs, and the signature."""
-    from nmt_cli.engines.trees.scoring import score_trees
+    from nmt_cli.trees.scoring import score_trees
 
     with user_errors(verbosity.verbose):
         if not trees:

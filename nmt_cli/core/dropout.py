@@ -10,7 +10,7 @@ kernel is already fast and is used as is.
 
 The mask is each module's `keep_mask` (a `KeepMask`), by default `scaled_keep_mask` here,
 the reference: training on a CPU swaps in the compiled one-pass mask of the CPU backend
-(engines/train/cpu_kernels.py), which draws the same distribution from a counter-based
+(backends/cpu/training.py), which draws the same distribution from a counter-based
 generator and is tested against this one.
 
 `Dropout.add(residual, x)` computes `residual + dropout(x)`, the paper's

@@ -30,7 +30,7 @@ from nmt_cli.errors import NmtError
 
 class Member(Protocol):
     """What an ensemble needs of a member: a Transformer, or a backend's wrapper of one
-    (nmt_cli/cpu_decode's CpuDecoder), with search's interface and the configuration."""
+    (nmt_cli/backends/cpu's CpuDecoder), with search's interface and the configuration."""
 
     @property
     def cfg(self) -> ModelConfig: ...

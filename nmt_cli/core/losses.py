@@ -73,7 +73,7 @@ LossSweep = Callable[
 """(logits (N, V), targets (N), token weights (N), eps, want_grad) -> per row logsumexp,
 mean logit and target logit (fp32) and, when asked, the gradient of the weighted smoothed
 loss with respect to the logits, in their dtype. `smoothed_loss_sweep` is the reference;
-training on a CPU passes the compiled module's (engines/train/cpu_kernels.py)."""
+training on a CPU passes the compiled module's (backends/cpu/training.py)."""
 
 
 def smoothed_loss_sweep(

@@ -4,7 +4,7 @@ A decoder step calls twenty linear layers with a few rows each, and at one sente
 batch the calling costs about as much as the arithmetic. The step therefore calls them
 through these functions, which skip `nn.Module.__call__`'s hook handling, and lets a
 stand-in (a `StepLinear`, which a decoding backend swaps in for an `nn.Linear`, e.g.
-nmt_cli/cpu_decode's packed bf16 and int8 layers) take the FFN's ReLU and the residual
+nmt_cli/backends/cpu's packed bf16 and int8 layers) take the FFN's ReLU and the residual
 add into its own product. The plain `nn.Linear` path is the reference arithmetic; the
 model never knows which layers it holds.
 """

@@ -6,7 +6,7 @@ kernel's backward pass is 1.5-3x slower than these operations on sentence-length
 sequences (BENCHMARKS.md). Training on a CPU takes its attention as a `TrainingAttention`
 (`Transformer.set_cpu_attention`): by default `written_out_attention` here, the reference;
 the CPU backend's compiled module has a faster one, tested against it
-(engines/train/cpu_kernels.py).
+(backends/cpu/training.py).
 """
 
 from __future__ import annotations

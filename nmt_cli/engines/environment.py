@@ -17,11 +17,12 @@ from types import ModuleType
 
 import torch
 
+from nmt_cli.backends.cpu import cpu_decoders
+from nmt_cli.backends.cpu.build import CompileError, build_directory, is_built, prepare_kernel
+from nmt_cli.backends.cpu.training import cpu_kernel_paths
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.precision import dtype_of, resolve_decode_precision
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.cpu_decode import cpu_decoders
-from nmt_cli.cpu_decode.build import CompileError, build_directory, is_built, prepare_kernel
 from nmt_cli.cpu_level import (
     ENV,
     LEVELS,
@@ -33,7 +34,6 @@ from nmt_cli.cpu_level import (
     has_bf16_units,
 )
 from nmt_cli.cpus import usable_cpus
-from nmt_cli.engines.train.cpu_kernels import cpu_kernel_paths
 from nmt_cli.version import __version__
 
 

@@ -15,11 +15,11 @@ from typing import cast
 import torch
 from torch import nn
 
+from nmt_cli.backends.cpu import beam_advance, cpu_decoders, decoder_shape_free_rows
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
 from nmt_cli.core.ensemble import Ensemble, Member, check_same_vocabularies
 from nmt_cli.core.precision import DecodePrecision, dtype_of
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.cpu_decode import beam_advance, cpu_decoders, decoder_shape_free_rows
 
 __all__ = [
     "ModelPaths",
@@ -57,7 +57,7 @@ def build_decoder(
 ) -> tuple[Member | Ensemble, VocabPair]:
     """The model search decodes with, and the vocabularies its ids belong to.
 
-    On a CPU each model is wrapped by the CPU decoding backend (nmt_cli/cpu_decode),
+    On a CPU each model is wrapped by the CPU decoding backend (nmt_cli/backends/cpu),
     which chooses its arithmetic: packed bf16 or int8 linear layers, and with
     `compiled_step` the compiled module and its C++ step; `on_compile` is told how far a
     first, slow build of it has come (None: on stderr) and `on_fallback` the reason where

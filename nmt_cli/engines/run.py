@@ -13,7 +13,7 @@ averaged model (the paper's final model), the best checkpoint by dev loss, and t
 A parsing recipe (`score.metric = "trees"`, data from a `ptb` preset) is scored as the
 paper's section 6.3 is: each output (a linearized tree) is turned back into a tree over
 the source words, written beside it (test.<system>.trees), and scored by EVALB's
-COLLINS.prm against the gold trees (engines/trees/).
+COLLINS.prm against the gold trees (trees/).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from nmt_cli.engines.train import EventSink, TrainOptions, train
 from nmt_cli.engines.training_log import METRICS, read_run_log
 from nmt_cli.engines.translate.loading import set_threads
 from nmt_cli.engines.translate.translator import translate_lines
-from nmt_cli.engines.trees.scoring import score_trees
 from nmt_cli.errors import Interrupted, NmtError, UsageError
 from nmt_cli.optional import MissingPackage
 from nmt_cli.text_io import read_lines
+from nmt_cli.trees.scoring import score_trees
 
 STAGES = ("prepare", "train", "average", "translate", "score")
 RESULTS = "results.json"

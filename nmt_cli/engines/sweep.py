@@ -45,9 +45,9 @@ from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.run import RESULTS, RunOptions, run_recipe
 from nmt_cli.engines.score import ScoreSettings, score_lines
 from nmt_cli.engines.sweep_row import DEV_HYP, RowJob, cuda_devices_for, run_row_process
-from nmt_cli.engines.trees.scoring import score_trees
 from nmt_cli.errors import NmtError
 from nmt_cli.text_io import read_lines
+from nmt_cli.trees.scoring import score_trees
 
 SWEEP_RESULTS = "sweep.json"
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from nmt_cli import cpu_level
+from nmt_cli.backends.cpu.build import CompileError, load_kernel
 from nmt_cli.cli import app
-from nmt_cli.cpu_decode.build import CompileError, load_kernel
 
 runner = CliRunner()
 

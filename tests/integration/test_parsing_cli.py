@@ -16,8 +16,8 @@ from unix_helpers import one_error
 from nmt_cli.cli import app
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.prepare.treebank import target_form
-from nmt_cli.engines.trees.scoring import score_trees
-from nmt_cli.engines.trees.tree import read_tree
+from nmt_cli.trees.scoring import score_trees
+from nmt_cli.trees.tree import read_tree
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 runner = CliRunner()

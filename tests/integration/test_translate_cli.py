@@ -347,7 +347,7 @@ def test_the_python_step_translates_as_the_compiled_one(random_ckpt: Path, preci
 def test_a_step_that_cannot_be_compiled_is_a_warning_not_a_failure(
     copier: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nmt_cli.cpu_decode import build as compiled_step
+    from nmt_cli.backends.cpu import build as compiled_step
 
     def no_compiler() -> None:
         raise compiled_step.CompileError("no C++ compiler (c++) on PATH")

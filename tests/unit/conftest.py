@@ -8,8 +8,8 @@ from types import ModuleType
 import pytest
 from reverser import train_reverser
 
+from nmt_cli.backends.cpu.build import CompileError, load_kernel
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.cpu_decode.build import CompileError, load_kernel
 from nmt_cli.cpu_level import LEVELS, cpu_level
 
 
@@ -21,7 +21,7 @@ def reverser() -> Transformer:
 
 @pytest.fixture(scope="session")
 def kernel() -> ModuleType:
-    """The compiled module (cpu_decode/build.py), built once per PyTorch version and
+    """The compiled module (backends/cpu/build.py), built once per PyTorch version and
     source (tens of seconds the first time); its tests skip where it cannot be built
     (no C++ compiler), as decoding then falls back to the Python step."""
     try:

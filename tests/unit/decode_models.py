@@ -7,9 +7,9 @@ from types import ModuleType
 
 import torch
 
+from nmt_cli.backends.cpu.decoder import CpuDecoder
+from nmt_cli.backends.cpu.linear import specialise_linears
 from nmt_cli.core.transformer import ModelConfig, Transformer
-from nmt_cli.cpu_decode.decoder import CpuDecoder
-from nmt_cli.cpu_decode.linear import specialise_linears
 
 SETTINGS: dict[str, object] = dict(
     encoder_layers=1,

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from decode_models import random_model, wrap
 
+from nmt_cli.backends.cpu.decoder import cpu_decoders
+from nmt_cli.backends.cpu.support import unsupported
 from nmt_cli.config import ConfigError, recipe_from_dict
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.objective import TrainingObjective
@@ -20,8 +22,6 @@ from nmt_cli.core.search import beam_search
 from nmt_cli.core.settings import SettingError
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.cpu_decode.decoder import cpu_decoders
-from nmt_cli.cpu_decode.support import unsupported
 
 
 def _sources() -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The compiled module is built once per installation and source (cpu_decode/build.py):
+"""The compiled module is built once per installation and source (backends/cpu/build.py):
 a process or worker that finds it built loads it without running the builder, and a
 build in progress is visible to every process that waits for it."""
 
@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from nmt_cli.cpu_decode import build
+from nmt_cli.backends.cpu import build
 
 # Loads the module as nmt does, in a plain process or in a spawned multiprocessing
 # worker, and prints the library it loaded.
@@ -28,7 +28,7 @@ import multiprocessing
 import sys
 
 def load(queue=None):
-    from nmt_cli.cpu_decode.build import load_kernel
+    from nmt_cli.backends.cpu.build import load_kernel
     path = load_kernel(lambda text: print("told:", text, file=sys.stderr)).__file__
     if queue is None:
         print("loaded", path, flush=True)
@@ -114,7 +114,7 @@ def test_a_library_counts_as_built_only_with_the_stamp_of_a_finished_build(
 def _hold_the_lock(directory: Path) -> subprocess.Popen[str]:
     """A process that holds `directory`'s build lock, as a build would, until killed."""
     script = (
-        "import sys, time\nfrom pathlib import Path\nfrom nmt_cli.cpu_decode import build\n"
+        "import sys, time\nfrom pathlib import Path\nfrom nmt_cli.backends.cpu import build\n"
         "with build._build_lock(Path(sys.argv[1]), print):\n"
         "    print('holding', flush=True)\n    time.sleep(600)\n"
     )

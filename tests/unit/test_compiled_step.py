@@ -22,17 +22,17 @@ from decode_models import decode_model, random_model, wrap
 from reverser import reverse_batch
 from torch import Tensor
 
+from nmt_cli.backends.cpu import build
+from nmt_cli.backends.cpu.build import CompileError
+from nmt_cli.backends.cpu.decoder import CpuDecoder, decoder_shape_free_rows, kernel_advance
+from nmt_cli.backends.cpu.linear import Int8Linear, PackedLinear, packed_bf16_available
+from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.checkpoint import Checkpoint, model_state
 from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.search import beam_search, torch_advance
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
-from nmt_cli.cpu_decode import build
-from nmt_cli.cpu_decode.build import CompileError
-from nmt_cli.cpu_decode.decoder import CpuDecoder, decoder_shape_free_rows, kernel_advance
-from nmt_cli.cpu_decode.linear import Int8Linear, PackedLinear, packed_bf16_available
-from nmt_cli.cpu_decode.slot_cache import SlotCache
 from nmt_cli.engines.models import build_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -312,7 +312,7 @@ def test_a_change_to_the_python_step_alone_is_caught(
 
 
 def test_the_two_sides_name_the_same_fields(kernel: ModuleType) -> None:
-    from nmt_cli.cpu_decode.contract import STRUCTURES
+    from nmt_cli.backends.cpu.contract import STRUCTURES
 
     assert {k: sorted(v) for k, v in kernel.contract().items()} == {
         k: sorted(v) for k, v in STRUCTURES.items()
@@ -326,7 +326,7 @@ def test_the_two_sides_name_the_same_fields(kernel: ModuleType) -> None:
 def test_a_field_on_one_side_only_stops_the_step_at_load_with_its_name(
     kernel: ModuleType, monkeypatch: pytest.MonkeyPatch, side: str, message: str
 ) -> None:
-    from nmt_cli.cpu_decode import contract
+    from nmt_cli.backends.cpu import contract
 
     told: list[str] = []
     if side == "python":
@@ -593,7 +593,7 @@ def test_a_model_with_a_setting_the_step_does_not_implement_decodes_on_the_refer
 ) -> None:
     """One notice naming the setting, no compiled step and no attention kernel, and the
     reference step's output; the compiled step would have computed another model."""
-    from nmt_cli.cpu_decode.decoder import cpu_decoders
+    from nmt_cli.backends.cpu.decoder import cpu_decoders
 
     told: list[str] = []
     model = _silu_model()
@@ -615,12 +615,12 @@ def test_a_model_with_a_setting_the_step_does_not_implement_decodes_on_the_refer
 
 
 def test_every_model_setting_is_declared_by_the_backend() -> None:
-    """A setting added to core must be declared in cpu_decode/support.py (with the
+    """A setting added to core must be declared in backends/cpu/support.py (with the
     values the step implements) before the compiled step decodes models again."""
     import dataclasses
 
+    from nmt_cli.backends.cpu.support import SUPPORTED, unsupported
     from nmt_cli.core.model_config import ModelConfig
-    from nmt_cli.cpu_decode.support import SUPPORTED, unsupported
 
     assert {f.name for f in dataclasses.fields(ModelConfig)} == set(SUPPORTED)
     assert unsupported(ModelConfig(), "bf16") == []
@@ -633,7 +633,7 @@ def test_int8_without_vnni_uses_seven_bit_activations_and_stays_accurate(
     """The saturation risk is a missing VNNI, whatever the vector width (an AVX-512 CPU
     such as Skylake-SP has none): PyTorch's u8 x s8 pairs then sum into 16 bits. Inputs
     whose 8-bit pair sums would overflow 16 bits, against the float product."""
-    from nmt_cli.cpu_decode import linear as linear_module
+    from nmt_cli.backends.cpu import linear as linear_module
 
     skylake = tmp_path / "cpuinfo"
     skylake.write_text("processor: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw avx512vl\n")

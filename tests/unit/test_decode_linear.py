@@ -16,17 +16,17 @@ from recompute import FullRecompute
 from reverser import reverse_batch
 from torch import Tensor, nn
 
-from nmt_cli.core.precision import resolve_decode_precision
-from nmt_cli.core.search import beam_search, greedy_search
-from nmt_cli.core.step_linear import linear, linear_add, linear_relu
-from nmt_cli.core.transformer import ModelConfig, Transformer
-from nmt_cli.cpu_decode.decoder import CpuDecoder
-from nmt_cli.cpu_decode.linear import (
+from nmt_cli.backends.cpu.decoder import CpuDecoder
+from nmt_cli.backends.cpu.linear import (
     Int8Linear,
     PackedLinear,
     packed_bf16_available,
     specialise_linears,
 )
+from nmt_cli.core.precision import resolve_decode_precision
+from nmt_cli.core.search import beam_search, greedy_search
+from nmt_cli.core.step_linear import linear, linear_add, linear_relu
+from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.errors import NmtError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

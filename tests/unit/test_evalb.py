@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from nmt_cli.engines.trees.evalb import COLLINS, EvalbParams, SentenceScore, evalb, score_sentence
-from nmt_cli.engines.trees.linearize import delinearize
-from nmt_cli.engines.trees.tree import Tree, read_tree
+from nmt_cli.trees.evalb import COLLINS, EvalbParams, SentenceScore, evalb, score_sentence
+from nmt_cli.trees.linearize import delinearize
+from nmt_cli.trees.tree import Tree, read_tree
 
 DOG = "(TOP (S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .)))"
 

@@ -1,5 +1,5 @@
 """The package's layering, as docs/ARCHITECTURE.md states it: imports run one way
-(commands -> engines -> cpu_decode -> core), with no cycle anywhere (imports inside
+(commands -> engines -> backends -> core), with no cycle anywhere (imports inside
 functions count; an import only for type checking does not), core holds the paper's
 model and no build machinery, and engines never call the CLI."""
 
@@ -84,7 +84,7 @@ def test_no_module_imports_itself_back() -> None:
 def test_core_is_the_model_and_imports_no_layer_above_it() -> None:
     modules = _modules()
     core = {name: path for name, path in modules.items() if name.startswith("nmt_cli.core")}
-    above = ("nmt_cli.engines", "nmt_cli.commands", "nmt_cli.cpu_decode", "nmt_cli.cli")
+    above = ("nmt_cli.engines", "nmt_cli.commands", "nmt_cli.backends", "nmt_cli.cli")
     for name, path in core.items():
         assert not [d for d in _imports(path, modules) if d.startswith(above)], name
         assert "cpp_extension" not in path.read_text(), name
@@ -98,7 +98,7 @@ def test_core_is_the_model_and_imports_no_layer_above_it() -> None:
 def test_the_backend_imports_no_engine_and_engines_never_call_the_cli() -> None:
     modules = _modules()
     for name, path in modules.items():
-        if name.startswith("nmt_cli.cpu_decode"):
+        if name.startswith("nmt_cli.backends.cpu"):
             deps = _imports(path, modules)
             assert not [d for d in deps if d.startswith(("nmt_cli.engines", "nmt_cli.commands"))]
         if name.startswith("nmt_cli.engines"):

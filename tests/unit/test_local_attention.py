@@ -16,6 +16,8 @@ import torch
 from recompute import FullRecompute
 from torch import Tensor
 
+from nmt_cli.backends.cpu.decoder import cpu_decoders
+from nmt_cli.backends.cpu.support import unsupported
 from nmt_cli.config import ConfigError, recipe_from_dict
 from nmt_cli.core import transformer as transformer_module
 from nmt_cli.core.cache import DecoderCache
@@ -26,8 +28,6 @@ from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.search import beam_search
 from nmt_cli.core.settings import SettingError
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.cpu_decode.decoder import cpu_decoders
-from nmt_cli.cpu_decode.support import unsupported
 
 # Longer than the blocks' span on either side (3 blocks in the encoder, 2 in the decoder),
 # so the model computes in blocks rather than with a dense band mask.

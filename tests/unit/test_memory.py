@@ -1,4 +1,4 @@
-"""cpu_decode/memory.py: freed pages handed back, at most once a second."""
+"""nmt_cli/heap.py: freed pages handed back, at most once a second."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from nmt_cli.cpu_decode.memory import Releaser
+from nmt_cli.heap import Releaser
 
 GLIBC_LINUX = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
 RSS = textwrap.dedent(
@@ -52,7 +52,7 @@ def test_freed_heap_pages_go_back_to_the_system() -> None:
     live block: free() cannot shrink the heap past it, release_free_memory can."""
     before, after = run_python(
         """
-        from nmt_cli.cpu_decode.memory import release_free_memory
+        from nmt_cli.heap import release_free_memory
         blocks = [bytes([i % 251]) * 65536 for i in range(2048)]
         keep = blocks[-1]
         del blocks

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from decode_models import random_model, wrap
 from torch import Tensor
 
+from nmt_cli.backends.cpu.decoder import CpuDecoder, cpu_decoders
 from nmt_cli.core.checkpoint import Checkpoint, checkpoint_from_dict, model_state
 from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import (
@@ -25,7 +26,6 @@ from nmt_cli.core.transformer import (
     parameter_breakdown,
 )
 from nmt_cli.core.vocab import VocabPair, train_sentencepiece
-from nmt_cli.cpu_decode.decoder import CpuDecoder, cpu_decoders
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

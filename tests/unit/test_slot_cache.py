@@ -18,11 +18,11 @@ from decode_models import decode_model
 from reverser import reverse_batch
 from torch import Tensor
 
+from nmt_cli.backends.cpu.decoder import CpuDecoder
+from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.cpu_decode.decoder import CpuDecoder
-from nmt_cli.cpu_decode.slot_cache import SlotCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Training keeps freed memory for the next update (engines/train/heap.py): no page
+"""Training keeps freed memory for the next update (nmt_cli/heap.py): no page
 faults for a working set allocated again, and the pages handed back afterwards."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 PROGRAM = textwrap.dedent(
     """
     import resource, torch
-    from nmt_cli.engines.train.heap import reused_heap
+    from nmt_cli.heap import reused_heap
 
     def faults_of_reallocating():
         torch.empty(16 * 2**20).fill_(1.0)  # 64 MiB, freed at once

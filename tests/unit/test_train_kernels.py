@@ -12,19 +12,19 @@ from types import ModuleType
 import pytest
 import torch
 
-from nmt_cli.core.dropout import Dropout, KeepMask, scaled_keep_mask
-from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sweep
-from nmt_cli.core.model_config import ModelConfig
-from nmt_cli.core.transformer import Transformer
-from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
-from nmt_cli.engines.train import cpu_kernels as cpu_kernels_module
-from nmt_cli.engines.train.cpu_kernels import (
+from nmt_cli.backends.cpu.training import (
     CpuKernels,
     compiled_attention,
     compiled_keep_mask,
     compiled_loss_sweep,
     cpu_kernels,
 )
+from nmt_cli.core.dropout import Dropout, KeepMask, scaled_keep_mask
+from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sweep
+from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.transformer import Transformer
+from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
+from nmt_cli.backends.cpu import training as cpu_kernels_module
 
 
 @pytest.fixture(params=["reference", "compiled"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nmt_cli.engines.trees.linearize import (
+from nmt_cli.trees.linearize import (
     base_label,
     delinearize,
     evaluation_tree,
@@ -13,8 +13,8 @@ from nmt_cli.engines.trees.linearize import (
     normalize,
     source_words,
 )
-from nmt_cli.engines.trees.scoring import score_trees
-from nmt_cli.engines.trees.tree import Tree, read_tree, read_trees
+from nmt_cli.trees.scoring import score_trees
+from nmt_cli.trees.tree import Tree, read_tree, read_trees
 
 # A small treebank in the WSJ files' own layout: an unlabelled root per sentence, trees
 # over several lines, traces, co-indices, function tags, unary chains, brackets that hold

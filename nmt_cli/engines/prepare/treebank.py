@@ -21,7 +21,7 @@ Each sentence is a pair: the source is its words (traces left out), the target i
 tree, kept whole as EVALB's gold trees are (`(TOP (S (NP-SBJ ...) ...))`, one a line,
 traces and function tags in place) in the data directory's raw text of dev and test, so
 that the raw target text is the gold file `nmt score --trees` and `nmt run` score
-against. What the model learns is its linearization (`engines/trees/linearize.py`:
+against. What the model learns is its linearization (`trees/linearize.py`:
 `(S (NP XX XX )NP ... )S`), which the clean stage makes of every target (`target_form`).
 
 The vocabulary: one joint SentencePiece BPE model, as for translation, with every
@@ -50,9 +50,9 @@ from typing import Any
 from nmt_cli.data_dir import sha256_file
 from nmt_cli.engines.prepare.download import fetch
 from nmt_cli.engines.prepare.multi30k import cache_folder
-from nmt_cli.engines.trees.linearize import evaluation_tree, linearize, source_words
-from nmt_cli.engines.trees.tree import Tree, read_tree, read_trees
 from nmt_cli.errors import NmtError
+from nmt_cli.trees.linearize import evaluation_tree, linearize, source_words
+from nmt_cli.trees.tree import Tree, read_tree, read_trees
 
 SAMPLE_URL = (
     "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/treebank.zip"

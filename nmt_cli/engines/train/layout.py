@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nmt_cli.backends.cpu.training import cpu_kernels
 from nmt_cli.config import TrainConfig
 from nmt_cli.core.batching import Batch, collate, plan_epoch
 from nmt_cli.core.data import TokenStore
@@ -41,10 +42,9 @@ from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.precision import autocast, resolve_precision
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import PAD_ID
-from nmt_cli.engines.train.cpu_kernels import cpu_kernels
 from nmt_cli.engines.train.feed import derive_split
-from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.plan import TrainPlan
+from nmt_cli.heap import reused_heap
 from nmt_cli.interrupts import startup_phase
 
 # Below this many seconds of expected training, one process is kept without a probe.

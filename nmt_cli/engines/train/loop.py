@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from nmt_cli.backends.cpu.training import CpuKernels, cpu_kernels
 from nmt_cli.config import RecipeConfig
 from nmt_cli.core.batching import EpochPlan
 from nmt_cli.core.checkpoint import model_state
@@ -46,7 +47,6 @@ from nmt_cli.engines.train.checkpoints import (
     restore_train_state,
     train_state,
 )
-from nmt_cli.engines.train.cpu_kernels import CpuKernels, cpu_kernels
 from nmt_cli.engines.train.data_record import Reconciled, data_record, reconcile
 from nmt_cli.engines.train.device_choices import announcement, choose
 from nmt_cli.engines.train.distributed import (
@@ -58,7 +58,6 @@ from nmt_cli.engines.train.distributed import (
 )
 from nmt_cli.engines.train.events import Notice, TrainStarted
 from nmt_cli.engines.train.feed import TrainFeed, derive_split
-from nmt_cli.engines.train.heap import reused_heap
 from nmt_cli.engines.train.kernel_cache import widen_kernel_cache
 from nmt_cli.engines.train.layout import layout_of
 from nmt_cli.engines.train.plan import TrainPlan, plan_training
@@ -70,6 +69,7 @@ from nmt_cli.engines.train.threads import ThreadTuner
 from nmt_cli.engines.train.validate import DevFigures, Validator
 from nmt_cli.engines.translate.attention import attention_of
 from nmt_cli.errors import NmtError
+from nmt_cli.heap import reused_heap
 from nmt_cli.interrupts import cleanup_on_exit, startup_phase, stoppable_startup
 
 

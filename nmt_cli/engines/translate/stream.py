@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Protocol
 
 from nmt_cli.config import DecodeConfig
-from nmt_cli.cpu_decode.memory import Releaser
 from nmt_cli.engines.translate.chunks import read_chunks
 from nmt_cli.engines.translate.translator import TranslatedHypothesis, Translation, Translator
+from nmt_cli.heap import Releaser
 from nmt_cli.outputs import check_output_path, open_output
 from nmt_cli.text_io import (
     LineDecoder,

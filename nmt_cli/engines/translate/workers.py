@@ -40,8 +40,8 @@ from typing import Protocol, cast
 import torch
 
 from nmt_cli.core.search import Hypothesis
-from nmt_cli.cpu_decode.memory import Releaser
 from nmt_cli.errors import NmtError
+from nmt_cli.heap import Releaser
 
 Rows = list[list[int]]  # one batch: the source token ids of its sentences
 Decoded = list[list[Hypothesis]]  # per sentence of a batch, its hypotheses

@@ -16,7 +16,7 @@ cache protocols, and core/step_linear.py's `StepLinear` for stand-in layers. Cor
 imports this package.
 """
 
-from nmt_cli.cpu_decode.decoder import (
+from nmt_cli.backends.cpu.decoder import (
     CpuDecoder,
     beam_advance,
     cpu_decoders,

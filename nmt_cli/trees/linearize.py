@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nmt_cli.engines.trees.tree import PLACEHOLDER_TAG, TOP, Tree, iter_nodes
+from nmt_cli.trees.tree import PLACEHOLDER_TAG, TOP, Tree, iter_nodes
 
 TRACE = "-NONE-"
 ROOT_LABELS = ("", TOP, "ROOT")

@@ -8,7 +8,7 @@
 // costs about as much as the operator itself (docs/ARCHITECTURE.md has the figures).
 // The tests compare the two steps on every precision and cache layout
 // (tests/unit/test_compiled_step.py); what the Python side hands over is named, in one
-// table on each side (kContract here, nmt_cli/cpu_decode/contract.py there), compared
+// table on each side (kContract here, nmt_cli/backends/cpu/contract.py there), compared
 // when the module is loaded.
 #include <torch/extension.h>
 
@@ -37,7 +37,7 @@ using OptTensor = std::optional<Tensor>;
 using Fields = std::vector<std::string>;
 
 // The named contract: the fields of each structure the Python side hands over
-// (cpu_decode/contract.py: STRUCTURES), compared at load by the Python side.
+// (backends/cpu/contract.py: STRUCTURES), compared at load by the Python side.
 const std::map<std::string, Fields> kContract = {
     {"step", {"heads", "d_k", "d_v", "eps", "embed_scale", "tokens", "positions", "projection",
               "module_log_softmax", "layers"}},
@@ -79,7 +79,7 @@ OptTensor optional(const py::object& value) {
 OptTensor state(const py::handle& layer, const char* name) {
   return optional(layer.attr(name));
 }
-// A linear layer as the Python side built it (cpu_decode/linear.py): a plain nn.Linear
+// A linear layer as the Python side built it (backends/cpu/linear.py): a plain nn.Linear
 // (fp32), a packed bf16 one (oneDNN's layout, and this module's for few rows), an int8
 // one for this module's per-row kernel, or PyTorch's dynamically quantized int8 weight
 // (CPUs without AVX-512 VNNI).
@@ -283,7 +283,7 @@ class DecoderStep {
     return lprobs;
   }
 
-  // The same over cpu_decode/slot_cache.py's SlotCache, with the module's attention
+  // The same over backends/cpu/slot_cache.py's SlotCache, with the module's attention
   // kernel: `layers` are its SlotLayers ("cache.slots": self_k, self_v (W, T, h, d), which
   // the kernel writes in place, cross_k, cross_v (N, S, h, d) and cross_bias); `slots` and
   // `sources` are the cache's tables, already prepared for this step.
@@ -329,7 +329,7 @@ class DecoderStep {
       y = layer.ff2.add(layer.ff1.relu(y), y);
       y = at::layer_norm(y, {y.size(1)}, layer.norm3.weight, layer.norm3.bias, eps_);
     }
-    // The log-softmax the Python side chose (cpu_decode/decoder.py decides, once).
+    // The log-softmax the Python side chose (backends/cpu/decoder.py decides, once).
     return module_log_softmax_ ? nmt::fast_log_softmax(projection_(y))
                                : at::log_softmax(projection_(y), -1, at::kFloat);
   }

@@ -1,13 +1,13 @@
 """A Transformer wrapped for decoding on a CPU: the backend's one `Searchable`.
 
 `cpu_decoders` makes the one choice of arithmetic for each model: which linear layers
-(PyTorch's for fp32, packed bf16 or int8 stand-ins, cpu_decode/linear.py), whether the
+(PyTorch's for fp32, packed bf16 or int8 stand-ins, backends/cpu/linear.py), whether the
 compiled module's kernels run them, whether its log-softmax and attention kernel (with
 the SlotCache) take part, and whether the compiled step runs the whole step. The rule:
 the module's own arithmetic, which differs from PyTorch's in the last bits, only where the
 output projection already runs on its kernels (bf16 and int8 on CPUs that have them), so
 fp32 models keep PyTorch's exact scores; the model-shaped parts (compiled step, attention
-kernel) only for models whose settings cpu_decode/support.py declares implemented.
+kernel) only for models whose settings backends/cpu/support.py declares implemented.
 
 `CpuDecoder.decode_step` is core's reference step (Transformer.step_hidden) followed by
 the output projection and log-softmax, or the compiled step, which is tested to equal it.
@@ -23,18 +23,18 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
+from nmt_cli.backends.cpu.build import CompileError, prepare_kernel
+from nmt_cli.backends.cpu.contract import ContractError
+from nmt_cli.backends.cpu.linear import Int8Linear, LinearKind, PackedLinear, specialise_linears
+from nmt_cli.backends.cpu.slot_cache import SlotCache
+from nmt_cli.backends.cpu.step import CompiledStep
+from nmt_cli.backends.cpu.support import unsupported
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.search import Advance, BeamAdvance, torch_advance
 from nmt_cli.core.step_linear import StepLinear, linear
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
-from nmt_cli.cpu_decode.build import CompileError, prepare_kernel
-from nmt_cli.cpu_decode.contract import ContractError
-from nmt_cli.cpu_decode.linear import Int8Linear, LinearKind, PackedLinear, specialise_linears
-from nmt_cli.cpu_decode.slot_cache import SlotCache
-from nmt_cli.cpu_decode.step import CompiledStep
-from nmt_cli.cpu_decode.support import unsupported
 
 
 def kernel_advance(kernel: ModuleType) -> BeamAdvance:

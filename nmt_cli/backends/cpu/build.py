@@ -1,12 +1,12 @@
 """Building and loading the compiled module of the CPU decoding backend (csrc/).
 
 The module holds the decoder step as one C++ call (csrc/decoder_step.cpp, used by
-cpu_decode/step.py) and the kernels both steps use: bf16 and int8 products for the few
-rows of a step (csrc/bf16_linear.cpp, csrc/int8_linear.cpp, through cpu_decode/linear.py),
+backends/cpu/step.py) and the kernels both steps use: bf16 and int8 products for the few
+rows of a step (csrc/bf16_linear.cpp, csrc/int8_linear.cpp, through backends/cpu/linear.py),
 attention over the SlotCache (csrc/attention.cpp), a log-softmax (csrc/log_softmax.cpp)
 and beam search's bookkeeping with its one-pass candidate selection (csrc/beam_topk.cpp);
 and, for training on a CPU, dropout's masks (csrc/dropout_mask.cpp) and the smoothed
-loss's sweep over the logits (csrc/smoothed_loss.cpp), through engines/train/cpu_kernels.py.
+loss's sweep over the logits (csrc/smoothed_loss.cpp), through backends/cpu/training.py.
 
 It is built with PyTorch's extension builder (a C++ compiler and ninja) once per source
 text, source directory, Python ABI and PyTorch version, into a per-user cache

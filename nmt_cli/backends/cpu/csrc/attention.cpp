@@ -1,5 +1,5 @@
 // One-query attention for the decoder step of bf16 and int8 models, reading the keys
-// and values where the slot cache (cpu_decode/slot_cache.py) keeps them.
+// and values where the slot cache (backends/cpu/slot_cache.py) keeps them.
 //
 // Beam search reorders the rows after every step. PyTorch's attention wants each row's
 // prefix contiguous, so the contiguous cache copies every prefix to its new row each
@@ -325,7 +325,7 @@ at::Tensor attend_memory(const at::Tensor& q, const at::Tensor& keys, const at::
 
 }  // namespace nmt
 
-#else  // elsewhere the slot cache is not used (cpu_decode/decoder.py asks first)
+#else  // elsewhere the slot cache is not used (backends/cpu/decoder.py asks first)
 
 namespace nmt {
 

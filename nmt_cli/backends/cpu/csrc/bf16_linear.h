@@ -19,7 +19,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                        const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& residual, bool relu);
 
-// The bf16 layer of cpu_decode/linear.py's PackedLinear: [residual +] [relu](x W^T + b)
+// The bf16 layer of backends/cpu/linear.py's PackedLinear: [residual +] [relu](x W^T + b)
 // for x (..., K). Up to kKernelRows rows (and `rows_packed` given) bf16_linear, else
 // oneDNN's packed product (`onednn_packed`): at 256 rows and more the two are even, and
 // oneDNN's blocking keeps a large weight (the output projection) in cache better.

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from nmt_cli.backends.cpu.slot_cache import SlotLayer
 from nmt_cli.core.cache import LayerCache
-from nmt_cli.cpu_decode.slot_cache import SlotLayer
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class PlainLinearSpec:
 
 @dataclass(frozen=True)
 class PackedLinearSpec:
-    """cpu_decode/linear.py's PackedLinear: oneDNN's packed bf16 weight, and the module's
+    """backends/cpu/linear.py's PackedLinear: oneDNN's packed bf16 weight, and the module's
     layout of it where its kernel runs (`rows`)."""
 
     kind: ClassVar[str] = "packed"
@@ -43,7 +43,7 @@ class PackedLinearSpec:
 
 @dataclass(frozen=True)
 class Int8RowsSpec:
-    """cpu_decode/linear.py's Int8Linear on the module's per-row kernel."""
+    """backends/cpu/linear.py's Int8Linear on the module's per-row kernel."""
 
     kind: ClassVar[str] = "int8_rows"
     rows: Tensor
@@ -55,7 +55,7 @@ class Int8RowsSpec:
 
 @dataclass(frozen=True)
 class Int8Spec:
-    """cpu_decode/linear.py's Int8Linear on PyTorch's quantized kernels (no VNNI): the
+    """backends/cpu/linear.py's Int8Linear on PyTorch's quantized kernels (no VNNI): the
     quantized weight, which the C++ side packs again."""
 
     kind: ClassVar[str] = "int8"

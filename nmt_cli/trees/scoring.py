@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from nmt_cli.engines.trees.evalb import COLLINS, EvalbParams, EvalbResult, EvalbSummary, evalb
-from nmt_cli.engines.trees.linearize import delinearize
-from nmt_cli.engines.trees.tree import Tree, read_tree
 from nmt_cli.errors import NmtError
+from nmt_cli.trees.evalb import COLLINS, EvalbParams, EvalbResult, EvalbSummary, evalb
+from nmt_cli.trees.linearize import delinearize
+from nmt_cli.trees.tree import Tree, read_tree
 
 
 @dataclass(frozen=True)

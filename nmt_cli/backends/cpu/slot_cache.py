@@ -8,7 +8,7 @@ module's attention kernel (csrc/attention.cpp) follows the table, and serves
 cross-attention with one copy of each source's keys for all its beams. A reorder moves
 the table, not the keys. The kernel sums in another order than PyTorch's products, so
 only models whose arithmetic already differs in the last bits (bf16, int8) decode over
-it (cpu_decode/decoder.py decides).
+it (backends/cpu/decoder.py decides).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   blocked layout on every call. `PackedLinear` reorders once (the same prepacking
   PyTorch's compiler applies when it freezes weights) and calls the packed kernel, with
   bit-identical results: 1.5-2.5x faster at beam-search shapes (BENCHMARKS.md). Given
-  the compiled module (cpu_decode/build.py) on a CPU with AVX-512 BF16, it also keeps
+  the compiled module (backends/cpu/build.py) on a CPU with AVX-512 BF16, it also keeps
   the weight in that module's layout, and products of up to 128 rows (a decoder step of
   up to 32 sentences at beam 4) run there: oneDNN's fixed cost of ~15 us a call is most
   of a product of a few rows, the module's kernel has none (3-5x faster at 4 rows,
@@ -209,7 +209,7 @@ def specialise_linears(
 
     The model must already be on the CPU, in bf16 for "packed-bf16" and float32 for
     "int8" (the embeddings, norms and attention stay in that dtype). `kernel`, the
-    compiled module (cpu_decode/build.py), gives the layers its kernels.
+    compiled module (backends/cpu/build.py), gives the layers its kernels.
     """
     if kind == "int8" and not int8_available():
         raise NmtError("--precision int8: this PyTorch build has no quantized CPU kernels")

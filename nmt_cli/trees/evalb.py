@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nmt_cli.engines.trees.tree import PLACEHOLDER_TAG, Tree
+from nmt_cli.trees.tree import PLACEHOLDER_TAG, Tree
 
 TRACE = "-NONE-"
 

@@ -3,9 +3,9 @@
 At a few rows (one sentence, beam 4) a decoder step is a few hundred operator calls of a
 few microseconds each, and calling each one from Python costs about as much again. The
 C++ step makes the same ATen calls, and the same kernel calls, in the same order as the
-reference step (core/transformer.py with cpu_decode/decoder.py's projection), so its
+reference step (core/transformer.py with backends/cpu/decoder.py's projection), so its
 outputs are bit-identical; it is tested against that step, never trusted by itself.
-It receives the model as named structures (cpu_decode/contract.py) holding references
+It receives the model as named structures (backends/cpu/contract.py) holding references
 to the model's weights and their packed forms, not copies.
 """
 
@@ -17,10 +17,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from nmt_cli.core.cache import DecoderCache
-from nmt_cli.core.norm import LayerNorm
-from nmt_cli.core.transformer import DecoderLayer, Transformer
-from nmt_cli.cpu_decode.contract import (
+from nmt_cli.backends.cpu.contract import (
     Int8RowsSpec,
     Int8Spec,
     LayerSpec,
@@ -32,12 +29,15 @@ from nmt_cli.cpu_decode.contract import (
     as_arguments,
     check_contract,
 )
-from nmt_cli.cpu_decode.linear import Int8Linear, PackedLinear
-from nmt_cli.cpu_decode.slot_cache import SlotCache
+from nmt_cli.backends.cpu.linear import Int8Linear, PackedLinear
+from nmt_cli.backends.cpu.slot_cache import SlotCache
+from nmt_cli.core.cache import DecoderCache
+from nmt_cli.core.norm import LayerNorm
+from nmt_cli.core.transformer import DecoderLayer, Transformer
 
 
 def linear_spec(layer: nn.Module) -> LinearSpec:
-    """How the C++ step calls a linear layer: what cpu_decode/linear.py made of it."""
+    """How the C++ step calls a linear layer: what backends/cpu/linear.py made of it."""
     if isinstance(layer, PackedLinear):
         return PackedLinearSpec(layer.packed, layer.bias, layer.rows, layer.out_features)
     if isinstance(layer, Int8Linear):

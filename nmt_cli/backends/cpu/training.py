@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt_cli.backends.cpu.build import CompileError, is_built, prepare_kernel
 from nmt_cli.core.dropout import KeepMask, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
-from nmt_cli.cpu_decode.build import CompileError, is_built, prepare_kernel
 
 
 @dataclass(frozen=True)

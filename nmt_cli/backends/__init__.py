@@ -1,0 +1,1 @@
+"""Backends: faster implementations of the model's hot operations, per machine."""
