@@ -287,11 +287,11 @@ def test_a_cpu_without_bf16_units_trains_auto_in_fp32_and_is_told_about_bf16(
 def test_without_the_compiled_module_training_keeps_pytorchs_kernels_and_says_so(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from nmt_cli.backends.cpu import training as cpu_kernels
     from nmt_cli.backends.cpu.build import CompileError
     from nmt_cli.core.dropout import scaled_keep_mask
     from nmt_cli.core.losses import smoothed_loss_sweep
     from nmt_cli.core.written_attention import written_out_attention
-    from nmt_cli.backends.cpu import training as cpu_kernels
 
     def no_compiler(on_compile: Any = None) -> Any:
         raise CompileError("no C++ compiler (c++) on PATH")

@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from nmt_cli.backends.cpu import training as cpu_kernels_module
 from nmt_cli.backends.cpu.training import (
     CpuKernels,
     compiled_attention,
@@ -24,7 +25,6 @@ from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sw
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
-from nmt_cli.backends.cpu import training as cpu_kernels_module
 
 
 @pytest.fixture(params=["reference", "compiled"])
