@@ -49,7 +49,8 @@ def test_dry_run_with_override() -> None:
     """The setting takes: the recipe's table shows it, and the count loses exactly five
     of base's six encoder layers, each counted from the core's own layer."""
     from nmt_cli.config import load_recipe
-    from nmt_cli.core.transformer import EncoderLayer, count_parameters
+    from nmt_cli.core.parameters import count_parameters
+    from nmt_cli.core.transformer import EncoderLayer
 
     args = ["train", str(RECIPES / "base.toml"), "--dry-run", "--vocab-size", "1000"]
 
