@@ -16,8 +16,8 @@ the two live together here, in two forms:
   attention window r (core/local_attention.py) that copy leaves out the
   oldest position once r are kept, so the cache, and the step's cost, stop growing.
 
-A decoding backend may bring a cache of its own layout (nmt_cli/backends/cpu's SlotCache,
-which never moves keys and attends with its own kernel): the decoder step asks only for
+A decoding backend may bring a cache of its own layout (the CPU backend's keeps keys
+where they are written and attends with its own kernel): the decoder step asks only for
 what `StepCache` and `AttentionCache` describe.
 """
 

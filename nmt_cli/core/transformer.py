@@ -262,6 +262,7 @@ class Transformer(nn.Module):
                 "the model needs src_vocab_size and tgt_vocab_size from the vocabulary"
             )
         self.cfg = cfg
+        self.max_positions = cfg.max_positions  # the longest source (with EOS) and output
         tgt_tokens = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         src_tokens = (
             tgt_tokens
@@ -290,11 +291,6 @@ class Transformer(nn.Module):
                 nn.init.zeros_(p)
 
     @property
-    def max_positions(self) -> int:
-        """Positions the embeddings have: the longest source (with EOS) and output."""
-        return self.cfg.max_positions
-
-    @property
     def output_weight(self) -> Tensor:
         """The pre-softmax projection: the target embedding matrix itself (section 3.4)."""
         return self.tgt_embed.tokens.weight
@@ -305,26 +301,19 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src: (B, S) token ids -> (B, S, D)."""
-        return self._encode(src, src_mask, need_weights=False)[0]
+        return self.encode_with_attention(src, src_mask, need_weights=False)[0]
 
     def encode_with_attention(
-        self, src: Tensor, src_mask: Tensor | None = None
+        self, src: Tensor, src_mask: Tensor | None = None, need_weights: bool = True
     ) -> tuple[Tensor, list[Tensor]]:
         """`encode`, plus every encoder layer's self-attention weights (B, h, S, S), by
         the reference attention (equal to `encode`'s output up to rounding)."""
-        return self._encode(src, src_mask, need_weights=True)
-
-    def _encode(
-        self, src: Tensor, src_mask: Tensor | None, need_weights: bool
-    ) -> tuple[Tensor, list[Tensor]]:
-        if src_mask is None:
-            src_mask = self.source_mask(src)
         x = self.src_embed(src)
+        src_mask = self.source_mask(src) if src_mask is None else src_mask
         weights: list[Tensor] = []
         for layer in self.encoder:
             x, w = layer(x, src_mask, need_weights)
-            if w is not None:
-                weights.append(w)
+            weights += [] if w is None else [w]
         return (x if self.encoder_norm is None else self.encoder_norm(x)), weights
 
     def decode(
