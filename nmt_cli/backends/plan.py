@@ -49,6 +49,7 @@ class Implementation:
     refuses: Callable[[Target], str | None]
     make: Callable[[Target], Any]
     device: str | None = None  # the only device type it is for (None: any)
+    training: bool | None = None  # for training only, decoding only (None: both)
 
 
 @dataclass(frozen=True)
@@ -83,12 +84,7 @@ def plan(target: Target, implementations: Sequence[Implementation]) -> Plan:
     for name in Operations.__dataclass_fields__:
         passed: list[str] = []
         chosen = REFERENCE_NAME
-        for implementation in implementations:
-            if implementation.operation != name or implementation.device not in (
-                None,
-                target.device.type,
-            ):
-                continue
+        for implementation in (i for i in implementations if _for(i, name, target)):
             why = implementation.refuses(target)
             if why is None:
                 operations = replace(operations, **{name: implementation.make(target)})
@@ -97,3 +93,13 @@ def plan(target: Target, implementations: Sequence[Implementation]) -> Plan:
             passed.append(f"{implementation.name}: {why}")
         choices.append(Choice(name, chosen, tuple(passed)))
     return Plan(operations, tuple(choices))
+
+
+def _for(implementation: Implementation, operation: str, target: Target) -> bool:
+    """Whether `implementation` is one for `operation` on the target's kind of run at all
+    (one that is not is not "passed over": it never applied)."""
+    return (
+        implementation.operation == operation
+        and implementation.device in (None, target.device.type)
+        and implementation.training in (None, target.training)
+    )

@@ -149,8 +149,6 @@ def implementations() -> list[Implementation]:
     loss's sweep (each tested against its reference in core)."""
 
     def refuses(target: Target) -> str | None:
-        if not target.training:
-            return "for training"
         return None if target.kernel is not None else target.no_kernel
 
     def kernel(target: Target) -> ModuleType:
@@ -164,6 +162,7 @@ def implementations() -> list[Implementation]:
             refuses,
             lambda target: compiled_attention(kernel(target)),
             "cpu",
+            training=True,
         ),
         Implementation(
             "keep_mask",
@@ -171,6 +170,7 @@ def implementations() -> list[Implementation]:
             refuses,
             lambda target: compiled_keep_mask(kernel(target)),
             "cpu",
+            training=True,
         ),
         Implementation(
             "loss_sweep",
@@ -178,5 +178,6 @@ def implementations() -> list[Implementation]:
             refuses,
             lambda target: compiled_loss_sweep(kernel(target)),
             "cpu",
+            training=True,
         ),
     ]
