@@ -47,10 +47,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt_cli.backends.cpu.training import CpuKernels, cpu_kernels
+from nmt_cli.backends.cpu.training import training_kernel
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.flops import matmul_rate, train_flops
 from nmt_cli.core.objective import TrainingObjective
+from nmt_cli.core.operations import REFERENCE, Operations
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import PAD_ID
@@ -119,19 +122,22 @@ def nmt_step(
     `nmt train` on a CPU, or any of them joined by "+"), the others from the core's
     references ("none": all of them)."""
     torch.manual_seed(0)
-    model = Transformer(cfg)
     chosen = set(kernels.split("+")) - {"none"}
     if not chosen <= set(ALL_KERNELS.split("+")):
         raise SystemExit(f"--kernels: {kernels!r} names other than masks, loss, attention, none")
-    reference = compiled = CpuKernels()
+    reference = compiled = REFERENCE
     if chosen:
-        compiled, why_not = cpu_kernels()
-        if why_not is not None:
+        kernel, why_not = training_kernel()
+        if kernel is None:
             raise SystemExit(f"the compiled kernels cannot be had here: {why_not}")
-    keep_mask = (compiled if "masks" in chosen else reference).keep_mask
+        compiled = machine_plan(Target(torch.device("cpu"), True, kernel=kernel)).operations
     loss_sweep = (compiled if "loss" in chosen else reference).loss_sweep
-    model.set_dropout_mask(keep_mask)
-    model.set_cpu_attention((compiled if "attention" in chosen else reference).attention)
+    operations = Operations(
+        attention=(compiled if "attention" in chosen else reference).attention,
+        keep_mask=(compiled if "masks" in chosen else reference).keep_mask,
+        loss_sweep=loss_sweep,
+    )
+    model = Transformer(cfg, operations)
     objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused, loss_sweep=loss_sweep)
     updater = Updater(
         objective, paper_adam(model.parameters()), precision, torch.device("cpu"), 0.0, 1

@@ -22,13 +22,14 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from nmt_cli.backends.cpu.training import cpu_kernels
-from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
+from nmt_cli.backends.cpu.training import compiled_attention, training_kernel
+from nmt_cli.core.attention import Attention
+from nmt_cli.core.attention import attention as written_out_attention
 
 
 def layer(
     sentences: int, length: int, keys: int, heads: int, d: int
-) -> Callable[[TrainingAttention, bool], None]:
+) -> Callable[[Attention, bool], None]:
     """One decoder layer's two attentions over fixed random inputs."""
     gen = torch.Generator().manual_seed(0)
     qkv = torch.randn(sentences, length, 3 * heads * d, generator=gen).bfloat16()
@@ -43,7 +44,7 @@ def layer(
         n = t.size(1)
         return [p.view(sentences, n, heads, d).transpose(1, 2) for p in t.split(heads * d, -1)]
 
-    def run(attend: TrainingAttention, backward: bool) -> None:
+    def run(attend: Attention, backward: bool) -> None:
         q, k, v = split(qkv)
         mk, mv = split(memory)
         out = attend(q, k, v, None, True) + attend(q, mk, mv, mask, False)
@@ -60,13 +61,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    kernels, why_not = cpu_kernels()
-    if why_not is not None:
+    kernel, why_not = training_kernel()
+    if kernel is None:
         raise SystemExit(f"the compiled kernels cannot be had here: {why_not}")
     print("command: python " + " ".join(sys.argv))
     print(f"torch {torch.__version__}, {args.threads} thread(s)")
     run = layer(sentences=240, length=17, keys=15, heads=4, d=64)
-    variants = {"reference": written_out_attention, "compiled": kernels.attention}
+    variants = {"reference": written_out_attention, "compiled": compiled_attention(kernel)}
     for backward in (False, True):
         times: dict[str, list[float]] = {name: [] for name in variants}
         for attend in variants.values():

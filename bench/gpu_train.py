@@ -39,7 +39,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from nmt_cli.core.attention_kernels import AttentionBackend
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
+from nmt_cli.backends.pytorch import AttentionBackend
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches
 from nmt_cli.core.flops import train_flops
 from nmt_cli.core.objective import TrainingObjective
@@ -161,8 +163,8 @@ def run_variant(
     gpu = device.type == "cuda"
     if gpu:
         torch.cuda.reset_peak_memory_stats(device)
-    model = Transformer(cfg).to(device)
-    model.set_attention_backend(variant.attention)
+    target = Target(device, training=True, attention_backend=variant.attention)
+    model = Transformer(cfg, machine_plan(target).operations).to(device)
     objective = TrainingObjective(
         model, 0.1, PAD_ID, variant.fused_projection, "inductor" if variant.compiled else None
     )

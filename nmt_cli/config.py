@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from nmt_cli.core.attention_kernels import ATTENTION_BACKENDS, AttentionBackend
+from nmt_cli.backends.pytorch import ATTENTION_BACKENDS, AttentionBackend
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.precision import (
     DECODE_PRECISIONS,
@@ -125,7 +125,7 @@ class TrainConfig:
     # the next update's batches prepared while the device works on this one.
     prefetch: bool | Literal["auto"] = "auto"
     # SDPA kernels on GPUs: "auto" = flash / memory-efficient, never cuDNN's per-shape
-    # graphs; "flash", "efficient", "cudnn" or "math" to prefer one (core/attention_kernels.py).
+    # graphs; "flash", "efficient", "cudnn" or "math" to prefer one (backends/pytorch.py).
     attention_backend: AttentionBackend = "auto"
 
     def __post_init__(self) -> None:

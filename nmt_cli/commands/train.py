@@ -87,7 +87,7 @@ def train(
         if dry_run:
             _dry_run(cfg, vocab_size or cfg.data.vocab_size)
             return
-        display = TrainDisplay(err_console, quiet=verbosity.quiet)
+        display = TrainDisplay(err_console, quiet=verbosity.quiet, verbose=verbosity.verbose)
         try:
             result = run_training(
                 cfg, TrainOptions(run_dir=run_dir, gpus=gpus, procs=procs), on_event=display

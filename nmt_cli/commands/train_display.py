@@ -33,11 +33,12 @@ def _real_tokens(updates: list[tuple[int, int]]) -> str:
 class TrainDisplay:
     """Consumes the engine's events (rank 0 only); all output goes to `console` (stderr)."""
 
-    def __init__(self, console: Console, quiet: bool = False) -> None:
-        """`quiet`: warnings only, no banner, progress or checkpoint lines (train.log in
-        the run directory has them all)."""
+    def __init__(self, console: Console, quiet: bool = False, verbose: bool = False) -> None:
+        """`quiet`: warnings only, no banner, progress or checkpoint lines; `verbose`: the
+        details too, such as the plan of operations (train.log in the run directory has
+        them all)."""
         self.console = console
-        self.quiet = quiet
+        self.quiet, self.verbose = quiet, verbose
         self.progress = Progress(
             TextColumn("[bold]train[/]"),
             BarColumn(bar_width=24),
@@ -51,6 +52,8 @@ class TrainDisplay:
 
     def __call__(self, event: TrainEvent) -> None:
         if self.quiet and not (isinstance(event, Notice) and event.warning):
+            return
+        if isinstance(event, Notice) and event.detail and not self.verbose:
             return
         if isinstance(event, TrainStarted):
             self._started(event)

@@ -156,6 +156,7 @@ def translate(
                 if verbosity.progress
                 else None
             ),
+            on_plan=(lambda line: info(f"plan: {line}", verbosity)) if verbose else None,
         )
         for message in report.warnings():
             warn(message)

@@ -7,25 +7,22 @@ is paid for decides the layout, and the layout decides how attention is computed
 the two live together here, in two forms:
 
 - `DecoderCache` (every model, the reference): each row's prefix is one contiguous
-  (B, h, L, d) tensor, attended by PyTorch's batched products, and a reorder copies the
-  prefix to its new rows. It holds float32 even when the model is bf16, because
-  one-query attention is a handful of tiny batched products and oneDNN's bf16 kernels
-  spend 5-7x longer on those than its float32 ones (measured in BENCHMARKS.md). The
-  prefix grows into a new tensor every step rather than into a preallocated buffer: a
-  slice of a larger buffer is not contiguous, and batched products over such slices
-  measured 1.4-4x slower than over a contiguous prefix, which costs more than the copy
-  it saves. The reorder is deferred to that copy (`pending`): one copy a step. With a
-  restricted attention window r (core/local_attention.py) that copy leaves out the
+  (B, h, L, d) tensor in the dtype it was made with (the model's, unless a backend asks
+  for another), attended by the reference attention, and a reorder copies the prefix
+  to its new rows. The prefix grows into a new tensor every step rather than into a
+  preallocated buffer: a slice of a larger buffer is not contiguous, and batched
+  products over such slices are slower than the copy saves (BENCHMARKS.md). The
+  reorder is deferred to that copy (`pending`): one copy a step. With a restricted
+  attention window r (core/local_attention.py) that copy leaves out the
   oldest position once r are kept, so the cache, and the step's cost, stop growing.
 
-A decoding backend may bring a cache of its own layout (nmt_cli/backends/cpu's SlotCache,
-which never moves keys and attends with its own kernel): the decoder step asks only for
+A decoding backend may bring a cache of its own layout (the CPU backend's keeps keys
+where they are written and attends with its own kernel): the decoder step asks only for
 what `StepCache` and `AttentionCache` describe.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +30,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from nmt_cli.core.attention import attention_with_weights
 
 
 class AttentionCache(Protocol):
@@ -116,22 +115,13 @@ class LayerCache:
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, need_weights: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """softmax(QK^T / sqrt(d_k)) V as two small batched products in the cache's dtype,
-        which at one query per row beat the fused SDPA kernel on CPUs; the first product
-        also masks (`baddbmm`). Rows x heads are folded into one batch dimension (free
-        views of the contiguous cache): bmm directly, without matmul's reshapes."""
-        b, h, keys, d_k = k.shape
-        bh = b * h
-        q = q.to(self.dtype).reshape(bh, 1, d_k)
-        k_t = k.view(bh, keys, d_k).transpose(1, 2)
-        scale = 1.0 / math.sqrt(d_k)
-        if bias is None:
-            scores = torch.bmm(q, k_t).mul_(scale)
-        else:
-            scores = torch.baddbmm(bias.view(bh, 1, keys), q, k_t, alpha=scale)
-        weights = scores.softmax(-1)
-        ctx = torch.bmm(weights, v.view(bh, keys, v.size(-1))).view(b, -1)
-        return ctx, weights.view(b, h, 1, keys) if need_weights else None
+        """The reference attention (core/attention.py) of one query per row, in the
+        cache's dtype: (B, h * d_k) against (B, h, L, d) -> (B, h * d_v)."""
+        b = k.size(0)
+        ctx, weights = attention_with_weights(
+            q.to(self.dtype).view(b, self.heads, 1, -1), k, v, bias
+        )
+        return ctx.view(b, -1), weights if need_weights else None
 
     def reorder(self, index: Tensor, cross: bool) -> None:
         if self.self_k is not None:

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.core.files import writing
+from nmt_cli.core.operations import REFERENCE, Operations
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.errors import NmtError
@@ -66,9 +67,10 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict)
     origin: dict[str, Any] | None = None
 
-    def build_model(self) -> Transformer:
-        """The Transformer with these weights, in eval mode on the CPU."""
-        model = Transformer(self.model_config)
+    def build_model(self, operations: Operations = REFERENCE) -> Transformer:
+        """The Transformer with these weights, in eval mode on the CPU, its operations
+        as planned (by default the references)."""
+        model = Transformer(self.model_config, operations)
         model.load_state_dict(self.model)
         return model.eval()
 

@@ -5,13 +5,12 @@ small Transformer those random numbers cost as much as a fifth of a training ste
 one 64-bit random word gives four 16-bit uniform numbers, each compared with
 round(p * 65536): the drop probability is p to within 1/65536 (0.1 becomes 0.100006),
 the mask is drawn from the default generator (so `torch.manual_seed` reproduces it), and
-only the scaled mask is kept for the backward pass. On GPUs PyTorch's fused dropout
-kernel is already fast and is used as is.
+only the scaled mask is kept for the backward pass.
 
-The mask is each module's `keep_mask` (a `KeepMask`), by default `scaled_keep_mask` here,
-the reference: training on a CPU swaps in the compiled one-pass mask of the CPU backend
-(backends/cpu/training.py), which draws the same distribution from a counter-based
-generator and is tested against this one.
+The mask comes from the model's plan (`Operations.keep_mask`): `scaled_keep_mask` here,
+the reference; the CPU backend's compiled one-pass mask (backends/cpu/training.py), which
+draws the same distribution from a counter-based generator and is tested against this
+one; or None, PyTorch's own dropout, for a GPU, whose fused kernel is already fast.
 
 `Dropout.add(residual, x)` computes `residual + dropout(x)`, the paper's
 "dropout to the output of each sub-layer, before it is added to the sub-layer input",
@@ -87,15 +86,15 @@ class _MaskedDropoutAdd(torch.autograd.Function):
 class Dropout(nn.Dropout):
     """`nn.Dropout` with the cheaper CPU mask, plus `add` for dropout before a residual."""
 
-    def __init__(self, p: float = 0.5, keep_mask: KeepMask = scaled_keep_mask) -> None:
+    def __init__(self, p: float = 0.5, keep_mask: KeepMask | None = scaled_keep_mask) -> None:
         super().__init__(p)
-        self.keep_mask = keep_mask  # the CPU's mask (see the module's docstring)
+        self.keep_mask = keep_mask  # None: PyTorch's dropout (see the module's docstring)
 
     def _fast(self, x: Tensor) -> bool:
-        """The CPU's mask, in eager mode: torch.compile cannot trace its 16-bit view of
-        64-bit words (a graph break at every dropout), so compiled graphs get the GPU's."""
-        cpu = x.device.type == "cpu" and not torch.compiler.is_compiling()
-        return cpu and math.prod(x.shape) > 0
+        """The planned mask, in eager mode: torch.compile cannot trace its 16-bit view of
+        64-bit words (a graph break at every dropout), so compiled graphs get PyTorch's."""
+        planned = self.keep_mask is not None and not torch.compiler.is_compiling()
+        return planned and math.prod(x.shape) > 0
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:

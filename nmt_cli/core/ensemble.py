@@ -22,6 +22,7 @@ from typing import Any, Protocol, cast
 
 from torch import Tensor, nn
 
+from nmt_cli.core.beam_advance import Advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.vocab import Vocab, VocabPair
@@ -56,6 +57,10 @@ class Member(Protocol):
         cache: Any,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None]: ...
+
+    def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance: ...
+
+    def slots(self, open_sentences: int, beam: int) -> int: ...
 
 
 @dataclass
@@ -104,6 +109,14 @@ class Ensemble(nn.Module):
 
     def new_cache(self) -> EnsembleCache:
         return EnsembleCache([m.new_cache() for m in self.models()])
+
+    def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
+        """The first member's: members are built alike, so all would choose the same."""
+        return self.models()[0].advance(lprobs, cum, history, k)
+
+    def slots(self, open_sentences: int, beam: int) -> int:
+        """The most any member keeps, so no member sees a batch shape it would avoid."""
+        return max(m.slots(open_sentences, beam) for m in self.models())
 
     def decode_step(
         self,

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt_cli.core.attention_kernels import AttentionBackend, backend_scope, sdpa_backends
+from nmt_cli.core.attention import Attention, fused_attention
+from nmt_cli.core.operations import Operations
 
 # Blocks below this many queries spend their time in per-block overhead, not arithmetic
 # (small windows at n = 4,096 on a CPU: blocks of 16-32 fastest, of 4 twice as slow).
@@ -73,6 +74,26 @@ def _within(offset: Tensor, window: int, causal: bool) -> Tensor:
     return allowed & (offset <= 0) if causal else allowed
 
 
+def banded_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    causal: bool,
+    key_mask: Tensor | None,
+    dropout_p: float,
+    ops: Operations,
+) -> Tensor:
+    """Attention within the band, in the smaller of its two forms: blocks
+    (`blocked_attention`, by `ops.blocks`) or, where the sequence is no longer than a
+    block's span, the whole sequence under a band mask (by `ops.attention`)."""
+    length = q.size(2)
+    if scored_keys(length, window, causal) < length:
+        return blocked_attention(q, k, v, window, causal, key_mask, dropout_p, ops.blocks)
+    band = band_mask(length, window, causal, key_mask, q.device)
+    return ops.attention(q, k, v, band, False, dropout_p)
+
+
 def blocked_attention(
     q: Tensor,
     k: Tensor,
@@ -81,11 +102,11 @@ def blocked_attention(
     causal: bool,
     key_mask: Tensor | None,
     dropout_p: float,
-    backend: AttentionBackend = "auto",
+    attend: Attention = fused_attention,
 ) -> Tensor:
     """softmax(QK^T / sqrt(d_k) + band) V over (B, h, n, d) tensors, block by block:
     -> (B, h, n, d_v). key_mask (B, 1, 1, n), True on real keys (the encoder's padding);
-    `backend`, the model's SDPA kernel policy on a GPU (core/attention_kernels.py).
+    `attend` runs the blocks (the plan's `Operations.blocks`).
 
     SDPA's batch rows are (batch, block): queries (B * blocks, h, size, d), a view where
     n fills whole blocks; keys and values padded by a block before (and after, in the
@@ -115,10 +136,7 @@ def blocked_attention(
         real = real & padded.unfold(1, span, size)  # (B, blocks, span)
     allowed = (allowed & real.unsqueeze(-2)) | (c[None, :] - size == a[:, None])
     allowed = allowed.expand(batch, blocks, size, span).reshape(batch * blocks, 1, size, span)
-    with backend_scope(sdpa_backends(backend, q.device.type, q.dtype, "padding")):
-        ctx = F.scaled_dot_product_attention(
-            q_blocks, k_spans, v_spans, attn_mask=allowed, dropout_p=dropout_p
-        )
+    ctx = attend(q_blocks, k_spans, v_spans, allowed, False, dropout_p)
     # The CPU kernel's output is contiguous as (B * blocks, size, h, d_v): no copy here.
     ctx = ctx.transpose(1, 2).reshape(batch, blocks * size, heads, -1)
     return ctx[:, :n].transpose(1, 2)

@@ -1,10 +1,11 @@
 """Greedy and batched beam search over the model's incremental-decoding interface only.
 
 Search sees the model through `Searchable`: `source_mask`, `encode`, `new_cache`,
-`decode_step`, the cache's `reorder` and `reserve`, and `max_positions`. It knows nothing
-of layers, so anything with that interface is searched the same way: one Transformer, an
-`Ensemble` of them (core/ensemble.py, Sockeye's design: the ensemble is a model, search
-has no ensemble case), or a scripted stub in the tests.
+`decode_step`, `advance`, `slots`, the cache's `reorder` and `reserve`, and
+`max_positions`. It knows nothing of layers or kernels, so anything with that interface
+is searched the same way: one Transformer, a backend's wrapper of one, an `Ensemble`
+of them (core/ensemble.py, Sockeye's design: the ensemble is a model, search has no
+ensemble case), or a scripted stub in the tests.
 
 Beam search is the paper's (section 6.1, as in tensor2tensor): a GNMT length penalty
 `lp(Y) = ((5 + |Y|) / 6) ** alpha`, where |Y| counts the output tokens including the
@@ -22,9 +23,8 @@ finished hypotheses that no open beam can beat, or no open beam is left.
 Speed: everything is batched over sentences x beams in one (N*K, V) step, the encoder
 runs once per batch, the first step runs on one row per sentence (all beams are equal
 then) and only then expands the cache to K rows, candidates come from one `topk` over
-the flattened (N, K*V) scores (no full-vocabulary sort; a decoding backend may do that
-and the rest of a step's bookkeeping in one call: `BeamAdvance`), and finished sentences
-leave the batch so late steps only pay for the sentences still open.
+the flattened (N, K*V) scores (no full-vocabulary sort; core/beam_advance.py), and
+finished sentences leave the batch so late steps only pay for the sentences still open.
 
 Attention for pictures and alignments: with `need_weights`, beam search asks the model for
 each step's attention weights and keeps them with a back-pointer per row, and every
@@ -35,13 +35,14 @@ it (every normal translation) nothing is recorded and the loop is the one above.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
+from nmt_cli.core.beam_advance import Advance, mask_specials, with_ends
+from nmt_cli.core.search_trace import Trace
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -92,44 +93,16 @@ class Searchable(Protocol):
         to record, else anything). Search passes need_weights only when recording."""
         ...
 
+    def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
+        """Beam search's bookkeeping after a step (core/beam_advance.py: `torch_advance`
+        is the reference)."""
+        ...
 
-class Advance(NamedTuple):
-    """One step of beam search's bookkeeping after the model, for N sentences of K beams."""
-
-    top_lp: Tensor  # (N, K) the chosen candidates' scores, best first
-    cum: Tensor  # (N, K) the same with candidates ending in EOS closed (-inf)
-    tokens: Tensor  # (N, K) their tokens
-    origin: Tensor  # (N*K,) the row each continues
-    history: Tensor  # (N*K, L+1) that row's tokens, then this one
-    ended: Tensor  # (N, K) finite candidates that end in EOS
-    any_ended: bool
-
-
-# (log-probabilities (N*K, V), running scores (N*K,), token histories (N*K, L), K) ->
-# the step's Advance. PAD and BOS are never chosen (set to -inf in the log-probabilities).
-BeamAdvance = Callable[[Tensor, Tensor, Tensor, int], Advance]
-
-
-def torch_advance(lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
-    """Any device's: the sums in place, then one `topk` over each sentence's K*V of them
-    (no full-vocabulary sort), a dozen tensor operations in all: the reference. A
-    decoding backend may do the same in one call that chooses in one pass, where equal
-    scores may rank differently."""
-    _mask_specials(lprobs)
-    n, vocab = lprobs.size(0) // k, lprobs.size(1)
-    top_lp, flat = lprobs.add_(cum.view(-1, 1)).view(n, -1).topk(k, dim=1)
-    tokens = flat.remainder(vocab)
-    first_rows = torch.arange(n, device=flat.device)[:, None] * k
-    origin = torch.div(flat, vocab, rounding_mode="floor").add_(first_rows).view(-1)
-    history = torch.cat([history.index_select(0, origin), tokens.view(-1, 1)], dim=1)
-    return _with_ends(top_lp, tokens, origin, history)
-
-
-def _with_ends(top_lp: Tensor, tokens: Tensor, origin: Tensor, history: Tensor) -> Advance:
-    eos = tokens == EOS_ID
-    ended = eos & (top_lp > -math.inf)  # a closed slot's candidates are -inf
-    cum = top_lp.masked_fill(eos, -math.inf)
-    return Advance(top_lp, cum, tokens, origin, history, ended, bool(ended.any()))
+    def slots(self, open_sentences: int, beam: int) -> int:
+        """Sentence slots the batch keeps for `open_sentences` still open: at least that
+        many; more keeps finished ones as filler, for implementations whose cost depends
+        on the number of distinct batch shapes."""
+        ...
 
 
 LengthT = TypeVar("LengthT", float, Tensor)
@@ -154,29 +127,6 @@ def max_output_lengths(
     if max_positions is not None:
         limit = limit.clamp(max=max_positions - 1)
     return limit
-
-
-def batch_bucket(n: int) -> int:
-    """Sentence slots a batch keeps for `n` open sentences: 1, 2, 4, 8, then multiples of 8
-    (at most 7 finished ones ride along as filler). Every new batch shape makes oneDNN build
-    and cache new kernels (with a reordered copy of the weights): in bf16 that cost time and
-    grew a long run's memory with its input. Where no product builds one (fp32, the compiled
-    module's kernels) the filler is only cost: see kept_slots."""
-    if n <= 8:
-        return 1 << max(0, (n - 1).bit_length())
-    return -(-n // 8) * 8
-
-
-def kept_slots(shape_free_rows: float, beam: int) -> Callable[[int], int]:
-    """A `bucket` for products that build no kernel per shape up to `shape_free_rows` rows:
-    exactly the open sentences while their beams fit, batch_bucket above."""
-    return lambda n: n if n * beam <= shape_free_rows else batch_bucket(n)
-
-
-def _mask_specials(lprobs: Tensor) -> None:
-    """Padding and BOS are never generated: one fill of the strided view over both
-    columns (no index tensor to build or copy to a GPU every step)."""
-    lprobs[:, PAD_ID : BOS_ID + 1 : BOS_ID - PAD_ID].fill_(-math.inf)
 
 
 def _force_eos(lprobs: Tensor, rows: Tensor) -> None:
@@ -214,7 +164,7 @@ def greedy_search(
     step = 0
     while alive.numel():
         lprobs, _ = model.decode_step(tokens, memory, src_mask, cache)
-        _mask_specials(lprobs)
+        mask_specials(lprobs)
         forcing = step >= first_limit and bool((at_limit := limit[alive] <= step).any())
         if forcing:
             _force_eos(lprobs, at_limit.nonzero().squeeze(1))
@@ -251,61 +201,23 @@ def beam_search(
     max_len_b: int = 50,
     nbest: int = 1,
     need_weights: bool = False,
-    advance: BeamAdvance = torch_advance,
-    bucket: Callable[[int], int] = batch_bucket,
 ) -> list[list[Hypothesis]]:
     """Decode a batch: src (B, S) right-padded with 0, each row ids + [EOS].
 
     Returns, per sentence, its `nbest` best finished hypotheses, best first (fewer only if
     the beam closed before finding that many). With `need_weights`, each hypothesis also
     carries the attention weights of the steps that produced it (`Hypothesis.attention`);
-    beam 1 then gives greedy search's output with its weights. `advance` chooses each
-    step's candidates and keeps the books (BeamAdvance), `bucket` the slots kept (batch_bucket).
+    beam 1 then gives greedy search's output with its weights. The model chooses each
+    step's candidates (`Searchable.advance`) and the sentence slots kept (`slots`).
     """
     if beam_size < 1:
         raise ValueError(f"beam size must be at least 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and the beam size {beam_size}, got {nbest}")
-    search = _BeamSearch(
-        model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest, advance, bucket
-    )
+    search = _BeamSearch(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest)
     if need_weights:
-        search.trace = _Trace()
+        search.trace = Trace()
     return search.run()
-
-
-class _Trace:
-    """Each step's attention weights, one row per (sentence, beam) row of that step, and
-    for each row the row of the step before that it continues (its back-pointer).
-
-    Rows move between steps (beams reorder, finished sentences leave the batch), so a
-    hypothesis's weights are found by walking its back-pointers from its last step."""
-
-    def __init__(self) -> None:
-        self.weights: list[list[Tensor]] = []
-        self.parents: list[Tensor | None] = []
-        self.from_rows: Tensor | None = None  # per open beam: its row in the last step
-
-    def add(self, weights: Any) -> None:
-        if not isinstance(weights, list | tuple):
-            raise TypeError("decode_step(need_weights=True) must return a list of tensors")
-        self.weights.append([w.detach() for w in weights])
-        self.parents.append(self.from_rows)
-
-    def keep(self, rows: Tensor) -> None:
-        """Open beams `rows` stay in the batch (in that order)."""
-        assert self.from_rows is not None
-        self.from_rows = self.from_rows.index_select(0, rows)
-
-    def path(self, step: int, row: int) -> list[list[Tensor]]:
-        """The weights of the hypothesis that ended at `row` of `step`, first step first."""
-        out: list[list[Tensor]] = []
-        for s in range(step, -1, -1):
-            out.append([w[row] for w in self.weights[s]])
-            parent = self.parents[s]
-            if parent is not None:
-                row = int(parent[row])
-        return out[::-1]
 
 
 class _BeamSearch:
@@ -320,11 +232,8 @@ class _BeamSearch:
         max_len_a: float,
         max_len_b: int,
         nbest: int,
-        advance: BeamAdvance,
-        bucket: Callable[[int], int],
     ) -> None:
         self.model, self.src, self.k, self.alpha, self.nbest = model, src, beam, alpha, nbest
-        self.advance, self.bucket = advance, bucket
         self.limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
         # Largest penalty a hypothesis of each sentence can reach (EOS at the length limit).
         self.lp_at_limit = length_penalty_value(self.limit.double() + 1.0, alpha)
@@ -333,7 +242,7 @@ class _BeamSearch:
         # Score of each sentence's nbest-th finished hypothesis; -inf until it has nbest.
         self.kth_best = torch.full((n,), -math.inf, dtype=torch.float64, device=src.device)
         self.results: list[list[Hypothesis]] = [[] for _ in range(n)]
-        self.trace: _Trace | None = None
+        self.trace: Trace | None = None
         self.ends: dict[int, tuple[int, int]] = {}  # id(hypothesis) -> its (step, row)
         self.any_finished = False
 
@@ -358,7 +267,7 @@ class _BeamSearch:
         # Step 0: one row per sentence, since every beam starts from the same BOS.
         bos = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
         lprobs = self._step(bos, memory, src_mask, cache)
-        _mask_specials(lprobs)
+        mask_specials(lprobs)
         zero_limit = self.limit <= 0
         if bool(zero_limit.any()):
             _force_eos(lprobs, zero_limit.nonzero().squeeze(1))
@@ -372,7 +281,7 @@ class _BeamSearch:
         cache.reorder(expand, cross=True)
         src_mask = src_mask.index_select(0, expand)
         sent_ids = torch.arange(n, device=device)  # original sentence of each active one
-        first = _with_ends(top_lp, top_tok, expand, top_tok.reshape(-1, 1))
+        first = with_ends(top_lp, top_tok, expand, top_tok.reshape(-1, 1))
         self._settle(first, sent_ids, 0)
         cum, history, tokens = first.cum, first.history, top_tok.reshape(-1)
         open_set = _OpenSentences(self, sent_ids, k)
@@ -385,10 +294,10 @@ class _BeamSearch:
                 if bool(done.all()):
                     break
                 # A finished sentence's slots close; it leaves the batch once the open
-                # ones fit a smaller bucket (see batch_bucket), until then it is filler.
+                # ones fit fewer slots (Searchable.slots), until then it is filler.
                 cum = cum.masked_fill(done[:, None], -math.inf)
                 n_open = int((~done).sum())
-                target = self.bucket(n_open)
+                target = model.slots(n_open, k)
                 if target < sent_ids.numel():
                     filler = done.nonzero().squeeze(1)[: target - n_open]
                     keep = torch.cat([(~done).nonzero().squeeze(1), filler]).sort().values
@@ -404,7 +313,7 @@ class _BeamSearch:
             if step >= open_set.first_limit:
                 at_limit = self.limit[sent_ids] <= step
                 _force_eos(lprobs, at_limit.repeat_interleave(k).nonzero().squeeze(1))
-            chosen = self.advance(lprobs, cum.view(-1), history, k)
+            chosen = model.advance(lprobs, cum.view(-1), history, k)
             self._settle(chosen, sent_ids, step)
             # Beams reorder within their sentence: the cross-attention keys stay valid.
             cache.reorder(chosen.origin, cross=False)

@@ -1,8 +1,8 @@
 """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), section 3.
 
 Post-norm residual blocks `LayerNorm(x + Dropout(Sublayer(x)))` (or, with `pre_norm`,
-`x + Dropout(Sublayer(LayerNorm(x)))` and a final LayerNorm per stack), multi-head attention
-through `scaled_dot_product_attention`, a ReLU feed-forward, sinusoidal (or learned)
+`x + Dropout(Sublayer(LayerNorm(x)))` and a final LayerNorm per stack), multi-head
+scaled dot-product attention (core/attention.py), a ReLU feed-forward, sinusoidal (or learned)
 positions, and one embedding matrix shared by the source embedding, the target embedding
 and the pre-softmax projection (section 3.4), scaled by sqrt(d_model). Two settings
 beyond the paper let models trained elsewhere run unchanged: the feed-forward's
@@ -15,7 +15,6 @@ from every real position; source padding is masked explicitly with a key mask.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -24,87 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt_cli.core.attention_kernels import (
-    AttentionBackend,
-    backend_scope,
-    check_policy,
-    mask_kind,
-    sdpa_backends,
-)
+from nmt_cli.core.attention import attention_with_weights
+from nmt_cli.core.beam_advance import torch_advance
 from nmt_cli.core.cache import AttentionCache, DecoderCache, StepCache
-from nmt_cli.core.dropout import Dropout, KeepMask
-from nmt_cli.core.local_attention import band_mask, blocked_attention, scored_keys
+from nmt_cli.core.dropout import Dropout
+from nmt_cli.core.embedding import Embedding, sinusoidal_positions
+from nmt_cli.core.local_attention import band_mask, banded_attention
 from nmt_cli.core.model_config import Activation, ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
+from nmt_cli.core.operations import REFERENCE, Operations
 from nmt_cli.core.step_linear import linear, linear_add, linear_relu
-from nmt_cli.core.written_attention import (
-    TrainingAttention,
-    explicit_attention,
-    written_out_attention,
-)
 
-__all__ = ["ModelConfig", "PositionKind", "Transformer", "count_parameters"]
-
-
-def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same), section 3.5."""
-    pos = torch.arange(max_positions, dtype=torch.float64).unsqueeze(1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
-    angle = pos / torch.pow(10000.0, two_i / d_model)
-    table = torch.zeros(max_positions, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
-    return table.float()
-
-
-class Embedding(nn.Module):
-    """Token embedding times sqrt(d_model), plus positions, then dropout (section 3.4, 5.4)."""
-
-    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.tokens = tokens
-        self.scale = math.sqrt(cfg.d_model)
-        self.dropout = Dropout(cfg.dropout)
-        self.learned: nn.Embedding | None = None
-        if cfg.positions == "learned":
-            self.learned = nn.Embedding(cfg.max_positions, cfg.d_model)
-            nn.init.normal_(self.learned.weight, std=cfg.d_model**-0.5)
-        else:
-            self.register_buffer(
-                "table", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False
-            )
-
-    def positions(self, start: int, length: int) -> Tensor:
-        if self.learned is not None:
-            return self.learned.weight[start : start + length]
-        table = self.get_buffer("table")
-        return table[start : start + length]
-
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
-        x = self.tokens(ids) * self.scale + self.positions(start, ids.size(1))
-        return self.dropout(_autocast_stream(x))
-
-    def step(self, ids: Tensor, position: int) -> Tensor:
-        """`forward` for one position per row, ids (B,) -> (B, D); inference only."""
-        x = F.embedding(ids, self.tokens.weight) * self.scale + self.positions(position, 1)
-        return _autocast_stream(x)
-
-
-def _autocast_stream(x: Tensor) -> Tensor:
-    """Under autocast, start the residual stream in the low precision: otherwise every
-    residual add promotes it back to fp32 and each linear layer casts its input again."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        return x.to(torch.get_autocast_dtype(device))
-    return x
-
-
-@dataclass
-class AttentionOutput:
-    """The attended values and, only on the explicit path, the attention weights."""
-
-    values: Tensor  # (B, L, D)
-    weights: Tensor | None  # (B, h, L, M) when asked for
+__all__ = ["ModelConfig", "Operations", "PositionKind", "Transformer", "sinusoidal_positions"]
 
 
 class MultiHeadAttention(nn.Module):
@@ -115,8 +45,9 @@ class MultiHeadAttention(nn.Module):
     products instead of three.
     """
 
-    def __init__(self, cfg: ModelConfig, self_attention: bool) -> None:
+    def __init__(self, cfg: ModelConfig, self_attention: bool, ops: Operations) -> None:
         super().__init__()
+        self.ops = ops  # how attention runs: the plan's choice (core/operations.py)
         self.h = cfg.n_heads
         self.d_k = cfg.head_dim_k
         self.d_v = cfg.head_dim_v
@@ -129,10 +60,6 @@ class MultiHeadAttention(nn.Module):
             self.kv = nn.Linear(cfg.d_model, qk + v)
         self.out = nn.Linear(v, cfg.d_model)
         self.dropout_p = cfg.attention_dropout
-        # Which SDPA kernels may run on a GPU (core/attention_kernels.py); not part of the weights.
-        self.backend: AttentionBackend = "auto"
-        # Training's attention on a CPU, the reference or a compiled one; not part of the weights.
-        self.cpu_attention: TrainingAttention = written_out_attention
         # Restricted self-attention (core/local_attention.py); cross-attention stays full.
         self.window = cfg.attention_window if self_attention else 0
 
@@ -152,8 +79,9 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         causal: bool = False,
         need_weights: bool = False,
-    ) -> AttentionOutput:
-        """x: (B, L, D). key_mask: (B, 1, 1, M) boolean, True where a key may be attended."""
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, L, D), key_mask (B, 1, 1, M) boolean, True where a key may be attended ->
+        (B, L, D), and the weights (B, h, L, M) only when asked for."""
         if self.self_attention:
             q, k, v = self.qkv(x).split([self.h * self.d_k] * 2 + [self.h * self.d_v], dim=-1)
             q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
@@ -164,31 +92,17 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         weights: Tensor | None = None
         length = q.size(2)
-        blocked = not need_weights and scored_keys(length, self.window, causal) < length
-        if 0 < self.window < length and not blocked:  # the band as a mask: the smaller form
-            key_mask = band_mask(length, self.window, causal, key_mask, q.device)
-            causal = False
-        if blocked:
-            ctx = blocked_attention(q, k, v, self.window, causal, key_mask, dropout_p, self.backend)
-        elif need_weights:
-            ctx, weights = explicit_attention(q, k, v, key_mask, causal, dropout_p, self.training)
-        elif self.training and q.device.type == "cpu":
-            # Training on a CPU with sentence-length sequences: the fused kernel's backward
-            # pass is 1.5-3x slower than the written-out form (core/written_attention.py).
-            # A compiled graph takes the reference, which dynamo traces (no graph break).
-            if dropout_p == 0.0 and not torch.compiler.is_compiling():
-                ctx = self.cpu_attention(q, k, v, key_mask, causal)
-            else:
-                ctx, _ = explicit_attention(q, k, v, key_mask, causal, dropout_p, True)
+        if need_weights:  # the reference, which alone gives the weights
+            if 0 < self.window < length:
+                key_mask, causal = band_mask(length, self.window, causal, key_mask, q.device), False
+            ctx, weights = attention_with_weights(q, k, v, key_mask, causal, dropout_p)
+        elif 0 < self.window < length:
+            ctx = banded_attention(q, k, v, self.window, causal, key_mask, dropout_p, self.ops)
         else:
-            kind = mask_kind(key_mask, causal)
-            with backend_scope(sdpa_backends(self.backend, q.device.type, q.dtype, kind)):
-                ctx = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=key_mask, dropout_p=dropout_p, is_causal=causal
-                )
+            ctx = self.ops.attention(q, k, v, key_mask, causal, dropout_p)
         b, _, length, _ = ctx.shape
         ctx = ctx.transpose(1, 2).reshape(b, length, self.h * self.d_v)
-        return AttentionOutput(self.out(ctx), weights)
+        return self.out(ctx), weights
 
     def step(
         self,
@@ -199,18 +113,13 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """One new query per row (incremental decoding, inference only): x (B, D) ->
-        `residual` + the attention's output (B, D), and its weights (B, h, 1, keys) when
-        asked for.
+        """`forward` for one new query per row, x (B, D), continuing the cache (inference
+        only) -> `residual` + the output (B, D), and the weights (B, h, 1, keys) if asked.
 
-        Self-attention appends this position's keys/values to the cache and attends over
-        the whole prefix (no causal mask: the newest position may see every cached key).
-        Cross-attention projects `memory` on the first step and reads the cache after.
-        The cache computes the attention itself, the way its layout wants
-        (core/cache.py), and the output projection adds the residual
-        (core/step_linear.linear_add): a step is mostly per-operation overhead, so
-        every operation saved counts.
-        """
+        Self-attention appends this position's keys/values and attends the whole prefix
+        (the newest position sees every cached key: no causal mask); cross-attention
+        projects `memory` on the first step only. The cache attends (core/cache.py), and
+        the output projection adds the residual in its product where it can."""
         if self.self_attention:
             sizes = [self.h * self.d_k] * 2 + [self.h * self.d_v]  # (split_with_sizes: the
             q, k, v = linear(self.qkv, x).split_with_sizes(sizes, dim=-1)  # op itself)
@@ -234,11 +143,11 @@ ACTIVATION_FUNCTIONS: dict[Activation, Callable[[Tensor], Tensor]] = {
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (section 3.3), or another activation than max."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: Operations) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.relu_dropout = Dropout(cfg.relu_dropout)
+        self.relu_dropout = Dropout(cfg.relu_dropout, ops.keep_mask)
         self.activation = cfg.activation
         self.act = ACTIVATION_FUNCTIONS[cfg.activation]
 
@@ -258,10 +167,10 @@ class Sublayers(nn.Module):
     residual add (section 3.1's post-norm) or, with `pre_norm`, on each sublayer's input
     (fairseq's `normalize_before`), leaving the residual stream itself unnormalized."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: Operations) -> None:
         super().__init__()
         self.pre_norm = cfg.pre_norm
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout, ops.keep_mask)
 
     def before(self, norm: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         return norm(x) if self.pre_norm else x
@@ -272,20 +181,20 @@ class Sublayers(nn.Module):
 
 
 class EncoderLayer(Sublayers):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
-        self.self_attn = MultiHeadAttention(cfg, self_attention=True)
-        self.ffn = FeedForward(cfg)
+    def __init__(self, cfg: ModelConfig, ops: Operations) -> None:
+        super().__init__(cfg, ops)
+        self.self_attn = MultiHeadAttention(cfg, True, ops)
+        self.ffn = FeedForward(cfg, ops)
         self.norm1 = LayerNorm(cfg.d_model)
         self.norm2 = LayerNorm(cfg.d_model)
 
     def forward(
         self, x: Tensor, src_mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        a = self.self_attn(self.before(self.norm1, x), key_mask=src_mask, need_weights=need_weights)
-        x = self.after(self.norm1, self.dropout.add(x, a.values))
+        a, weights = self.self_attn(self.before(self.norm1, x), None, src_mask, False, need_weights)
+        x = self.after(self.norm1, self.dropout.add(x, a))
         f = self.ffn(self.before(self.norm2, x))
-        return self.after(self.norm2, self.dropout.add(x, f)), a.weights
+        return self.after(self.norm2, self.dropout.add(x, f)), weights
 
 
 @dataclass
@@ -296,11 +205,11 @@ class DecoderOutput:
 
 
 class DecoderLayer(Sublayers):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__(cfg)
-        self.self_attn = MultiHeadAttention(cfg, self_attention=True)
-        self.cross_attn = MultiHeadAttention(cfg, self_attention=False)
-        self.ffn = FeedForward(cfg)
+    def __init__(self, cfg: ModelConfig, ops: Operations) -> None:
+        super().__init__(cfg, ops)
+        self.self_attn = MultiHeadAttention(cfg, True, ops)
+        self.cross_attn = MultiHeadAttention(cfg, False, ops)
+        self.ffn = FeedForward(cfg, ops)
         self.norm1 = LayerNorm(cfg.d_model)
         self.norm2 = LayerNorm(cfg.d_model)
         self.norm3 = LayerNorm(cfg.d_model)
@@ -310,12 +219,13 @@ class DecoderLayer(Sublayers):
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """-> (output, self-attention weights, cross-attention weights); weights only
         when asked for."""
-        a = self.self_attn(self.before(self.norm1, y), causal=True, need_weights=need_weights)
-        y = self.after(self.norm1, self.dropout.add(y, a.values))
-        c = self.cross_attn(self.before(self.norm2, y), memory, src_mask, need_weights=need_weights)
-        y = self.after(self.norm2, self.dropout.add(y, c.values))
+        a, own = self.self_attn(self.before(self.norm1, y), causal=True, need_weights=need_weights)
+        y = self.after(self.norm1, self.dropout.add(y, a))
+        x = self.before(self.norm2, y)
+        c, cross = self.cross_attn(x, memory, src_mask, need_weights=need_weights)
+        y = self.after(self.norm2, self.dropout.add(y, c))
         f = self.ffn(self.before(self.norm3, y))
-        return self.after(self.norm3, self.dropout.add(y, f)), a.weights, c.weights
+        return self.after(self.norm3, self.dropout.add(y, f)), own, cross
 
     def step(
         self,
@@ -341,16 +251,18 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer with the interface search and training need.
 
     `forward` is teacher-forced training; `encode` + `decode_step` is incremental decoding,
-    the only way search sees the model.
+    the only way search sees the model. `ops` says how the hot operations run (the
+    planner's choice for a device and precision; by default the references).
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: Operations = REFERENCE) -> None:
         super().__init__()
         if cfg.src_vocab_size < 1 or cfg.tgt_vocab_size < 1:
             raise ValueError(
                 "the model needs src_vocab_size and tgt_vocab_size from the vocabulary"
             )
         self.cfg = cfg
+        self.max_positions = cfg.max_positions  # the longest source (with EOS) and output
         tgt_tokens = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         src_tokens = (
             tgt_tokens
@@ -362,10 +274,10 @@ class Transformer(nn.Module):
             nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[cfg.pad_id].zero_()
-        self.src_embed = Embedding(src_tokens, cfg)
-        self.tgt_embed = Embedding(tgt_tokens, cfg)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.src_embed = Embedding(src_tokens, cfg, ops.keep_mask)
+        self.tgt_embed = Embedding(tgt_tokens, cfg, ops.keep_mask)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, ops) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, ops) for _ in range(cfg.decoder_layers))
         # Pre-norm's LayerNorms after the last layer (fairseq's encoder/decoder.layer_norm).
         self.encoder_norm = LayerNorm(cfg.d_model) if cfg.pre_norm else None
         self.decoder_norm = LayerNorm(cfg.d_model) if cfg.pre_norm else None
@@ -379,11 +291,6 @@ class Transformer(nn.Module):
                 nn.init.zeros_(p)
 
     @property
-    def max_positions(self) -> int:
-        """Positions the embeddings have: the longest source (with EOS) and output."""
-        return self.cfg.max_positions
-
-    @property
     def output_weight(self) -> Tensor:
         """The pre-softmax projection: the target embedding matrix itself (section 3.4)."""
         return self.tgt_embed.tokens.weight
@@ -394,29 +301,19 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """src: (B, S) token ids -> (B, S, D)."""
-        return self._encode(src, src_mask, need_weights=False)[0]
+        return self.encode_with_attention(src, src_mask, need_weights=False)[0]
 
     def encode_with_attention(
-        self, src: Tensor, src_mask: Tensor | None = None
+        self, src: Tensor, src_mask: Tensor | None = None, need_weights: bool = True
     ) -> tuple[Tensor, list[Tensor]]:
-        """`encode`, plus every encoder layer's self-attention weights (B, h, S, S).
-
-        The written-out attention replaces the fused kernel here, so the output equals
-        `encode`'s up to rounding; used only when a caller wants pictures or alignments.
-        """
-        return self._encode(src, src_mask, need_weights=True)
-
-    def _encode(
-        self, src: Tensor, src_mask: Tensor | None, need_weights: bool
-    ) -> tuple[Tensor, list[Tensor]]:
-        if src_mask is None:
-            src_mask = self.source_mask(src)
+        """`encode`, plus every encoder layer's self-attention weights (B, h, S, S), by
+        the reference attention (equal to `encode`'s output up to rounding)."""
         x = self.src_embed(src)
+        src_mask = self.source_mask(src) if src_mask is None else src_mask
         weights: list[Tensor] = []
         for layer in self.encoder:
             x, w = layer(x, src_mask, need_weights)
-            if w is not None:
-                weights.append(w)
+            weights += [] if w is None else [w]
         return (x if self.encoder_norm is None else self.encoder_norm(x)), weights
 
     def decode(
@@ -449,32 +346,16 @@ class Transformer(nn.Module):
         hidden = self.decode(tgt_in, memory, src_mask).hidden
         return self.logits(hidden) if project else hidden
 
-    def set_dropout_mask(self, keep_mask: KeepMask) -> None:
-        """Where every dropout's mask comes from on a CPU (core/dropout.py)."""
-        for module in self.modules():
-            if isinstance(module, Dropout):
-                module.keep_mask = keep_mask
+    advance = staticmethod(torch_advance)  # search's bookkeeping: the reference
 
-    def set_cpu_attention(self, attention: TrainingAttention) -> None:
-        """How every attention layer attends while training on a CPU (core/written_attention.py)."""
-        for module in self.modules():
-            if isinstance(module, MultiHeadAttention):
-                module.cpu_attention = attention
+    def slots(self, open_sentences: int, beam: int) -> int:
+        """The reference keeps no finished sentence as filler."""
+        return open_sentences
 
-    def set_attention_backend(self, policy: AttentionBackend) -> None:
-        """Which SDPA kernels every attention layer may use on a GPU (core/attention_kernels.py)."""
-        check_policy(policy)
-        for module in self.modules():
-            if isinstance(module, MultiHeadAttention):
-                module.backend = policy
-
-    def new_cache(self) -> DecoderCache:
-        """An empty cache (core/cache.py). On a CPU it attends in float32 whatever the
-        model's dtype (oneDNN's bf16 products are slow at one-query shapes), elsewhere in
-        the model's dtype."""
+    def new_cache(self, dtype: torch.dtype | None = None) -> DecoderCache:
+        """An empty cache (core/cache.py) that attends in `dtype` (None: the model's)."""
         first = cast(DecoderLayer, self.decoder[0]).self_attn
-        weight = self.output_weight
-        dtype = torch.float32 if weight.device.type == "cpu" else weight.dtype
+        dtype = dtype or self.output_weight.dtype
         return DecoderCache.empty(len(self.decoder), dtype, first.h, self.cfg.attention_window)
 
     def decode_step(
@@ -485,15 +366,10 @@ class Transformer(nn.Module):
         cache: StepCache,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """One decoding step: (B,) newest tokens -> log-probabilities (B, V) of the next,
-        in float32.
-
-        Self-attention keys/values of the prefix come from the cache; cross-attention
-        keys/values are computed from `memory` on the first step and reused after.
-        With `need_weights`, also this step's attention weights as one flat list of
-        row-first tensors (what search records): every decoder layer's self-attention
-        (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S).
-        """
+        """One decoding step: (B,) newest tokens -> float32 log-probabilities (B, V) of
+        the next. With `need_weights`, also the step's attention weights as one flat list
+        of row-first tensors (what search records): every decoder layer's self-attention
+        (B, h, 1, prefix + 1), then every layer's cross-attention (B, h, 1, S)."""
         hidden, weights = self.step_hidden(last_tokens, memory, src_mask, cache, need_weights)
         return torch.log_softmax(self.logits(hidden), -1, dtype=torch.float32), weights
 
@@ -520,38 +396,3 @@ class Transformer(nn.Module):
         cache.length += 1
         y = y if self.decoder_norm is None else self.decoder_norm.step(y)
         return y, [*own, *cross] if need_weights else None
-
-    def cache_memory(self, memory: Tensor, src_mask: Tensor, cache: StepCache) -> None:
-        """Every decoder layer's cross-attention keys/values of `memory` in `cache`: the
-        first step's own work, for a step that expects them there already."""
-        layer_caches: Sequence[AttentionCache] = cache.layers
-        for layer, layer_cache in zip(self.decoder, layer_caches, strict=True):
-            if not layer_cache.has_memory():
-                attention = cast(DecoderLayer, layer).cross_attn
-                layer_cache.store_memory(*attention.project_kv(memory), src_mask)
-
-
-def count_parameters(module: nn.Module) -> int:
-    """Distinct parameters: a tied matrix counts once."""
-    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
-
-
-def parameter_breakdown(model: Transformer) -> dict[str, int]:
-    """Parameters per component; the shared embedding is counted once, under embeddings."""
-    seen: set[int] = set()
-
-    def count(*modules: nn.Module | None) -> int:
-        total = 0
-        for p in (p for m in modules if m is not None for p in m.parameters()):
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel()
-        return total
-
-    parts = {
-        "embeddings": count(model.src_embed, model.tgt_embed),
-        "encoder": count(model.encoder, model.encoder_norm),
-        "decoder": count(model.decoder, model.decoder_norm),
-    }
-    parts["total"] = sum(parts.values())
-    return parts

@@ -3,8 +3,8 @@
 Every answer is read from the code that decides it, never re-derived: the precision from
 `resolve_precision`, the CPU's level from nmt_cli/cpu_level.py, the decoding paths from
 `cpu_decoders` run on a tiny model in each precision, the training paths from the
-compiled module's own report of which loops its kernels run. So the report cannot say
-one thing while `nmt translate` or `nmt train` does another.
+planner (backends/plan.py) and the module's own report of which loops its kernels run.
+So the report cannot say one thing while `nmt translate` or `nmt train` does another.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 
 from nmt_cli.backends.cpu import cpu_decoders
 from nmt_cli.backends.cpu.build import CompileError, build_directory, is_built, prepare_kernel
-from nmt_cli.backends.cpu.training import cpu_kernel_paths
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.precision import dtype_of, resolve_decode_precision
 from nmt_cli.core.transformer import Transformer
@@ -64,8 +65,20 @@ def describe_environment(build: bool = False) -> list[Section]:
         Section("compiled CPU module", (("state", kernel_note), ("directory", _directory()))),
     ]
     sections.extend(_decoding_sections())
-    sections.append(Section("training on the CPU", tuple(cpu_kernel_paths(kernel).items())))
+    sections.append(_training_section(kernel, kernel_note))
     return sections
+
+
+def _training_section(kernel: ModuleType | None, state: str) -> Section:
+    """The planner's choice for training on this CPU, and the loops the module's
+    training kernels run at this CPU level."""
+    target = Target(torch.device("cpu"), True, kernel=kernel, no_kernel=f"the module is {state}")
+    rows = [tuple(line.split(": ", 1)) for line in machine_plan(target).describe()]
+    if kernel is not None:
+        vectorized = kernel.vectorized()
+        loops = [name for name in ("attention_train", "smoothed_loss") if vectorized[name]]
+        rows.append(("AVX-512 loops", ", ".join(loops) or "none (plain loops)"))
+    return Section("training on the CPU", tuple((what, answer) for what, answer in rows))
 
 
 def _kernel(build: bool) -> tuple[ModuleType | None, str]:

@@ -15,7 +15,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from nmt_cli.backends.cpu import beam_advance, cpu_decoders, decoder_shape_free_rows
+from nmt_cli.backends.cpu import cpu_decoders
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
 from nmt_cli.core.ensemble import Ensemble, Member, check_same_vocabularies
 from nmt_cli.core.precision import DecodePrecision, dtype_of
@@ -24,9 +26,7 @@ from nmt_cli.core.vocab import VocabPair
 __all__ = [
     "ModelPaths",
     "as_paths",
-    "beam_advance",
     "build_decoder",
-    "decoder_shape_free_rows",
     "load_checkpoints",
 ]
 
@@ -54,8 +54,9 @@ def build_decoder(
     compiled_step: bool = False,
     on_compile: Callable[[str], None] | None = None,
     on_fallback: Callable[[str], None] = lambda reason: None,
-) -> tuple[Member | Ensemble, VocabPair]:
-    """The model search decodes with, and the vocabularies its ids belong to.
+) -> tuple[Member | Ensemble, VocabPair, list[str]]:
+    """The model search decodes with, the vocabularies its ids belong to, and the plan
+    of its operations in words, one line each (`--verbose`).
 
     On a CPU each model is wrapped by the CPU decoding backend (nmt_cli/backends/cpu),
     which chooses its arithmetic: packed bf16 or int8 linear layers, and with
@@ -66,9 +67,17 @@ def build_decoder(
     """
     check_same_vocabularies([c.vocab for c in checkpoints], names)
     dtype = dtype_of(precision)
-    built = [c.build_model().to(device=device, dtype=dtype).eval() for c in checkpoints]
+    planned = machine_plan(Target(device, training=False))
+    built = [
+        c.build_model(planned.operations).to(device=device, dtype=dtype).eval() for c in checkpoints
+    ]
     members: list[nn.Module] = list(built)
+    lines = planned.describe()
     if device.type == "cpu":
-        members = list(cpu_decoders(built, precision, compiled_step, on_compile, on_fallback))
+        decoders = cpu_decoders(built, precision, compiled_step, on_compile, on_fallback)
+        for i, decoder in enumerate(decoders):
+            member = f"model {i + 1}: " if len(decoders) > 1 else ""
+            lines += [f"{member}{what}: {how}" for what, how in decoder.paths().items()]
+        members = list(decoders)
     model = members[0] if len(members) == 1 else Ensemble(members).eval()
-    return cast(Member | Ensemble, model), checkpoints[0].vocab
+    return cast(Member | Ensemble, model), checkpoints[0].vocab, lines

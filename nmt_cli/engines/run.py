@@ -28,7 +28,7 @@ from typing import Any
 from nmt_cli.config import RecipeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.files import atomic_write_text
-from nmt_cli.core.transformer import count_parameters
+from nmt_cli.core.parameters import count_parameters
 from nmt_cli.data_dir import MANIFEST, open_data_dir
 from nmt_cli.engines.average import average_checkpoints, select_last
 from nmt_cli.engines.pictures.backend import require_plotting

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from nmt_cli.config import RecipeConfig
-from nmt_cli.core.transformer import ModelConfig, Transformer, parameter_breakdown
+from nmt_cli.core.parameters import parameter_breakdown
+from nmt_cli.core.transformer import ModelConfig, Transformer
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,9 @@ def test_dry_run_with_override() -> None:
     """The setting takes: the recipe's table shows it, and the count loses exactly five
     of base's six encoder layers, each counted from the core's own layer."""
     from nmt_cli.config import load_recipe
-    from nmt_cli.core.transformer import EncoderLayer, count_parameters
+    from nmt_cli.core.operations import REFERENCE
+    from nmt_cli.core.parameters import count_parameters
+    from nmt_cli.core.transformer import EncoderLayer
 
     args = ["train", str(RECIPES / "base.toml"), "--dry-run", "--vocab-size", "1000"]
 
@@ -63,7 +65,7 @@ def test_dry_run_with_override() -> None:
     one, shown = parameters("--set", "model.encoder_layers=1")
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in shown.splitlines()]
     assert ["model.encoder_layers", "1"] in rows  # the resolved recipe, as printed
-    layer = EncoderLayer(load_recipe(str(RECIPES / "base.toml"), []).model)
+    layer = EncoderLayer(load_recipe(str(RECIPES / "base.toml"), []).model, REFERENCE)
     assert full - one == 5 * count_parameters(layer)
 
 

@@ -67,15 +67,16 @@ def test_a_lowered_level_changes_every_answer_that_depends_on_it(
     assert data["CPU"]["level in force"] == "generic"
     assert data["precision"] == {"auto on the CPU": "fp32", "bf16 on the CPU": "emulated (slow)"}
     training = data["training on the CPU"]
-    assert training["smoothed loss"] == "the module's sweep, plain loops"
-    assert training["attention"].startswith("the module's, plain loops")
+    assert training["loss_sweep"] == "the module's sweep"
+    assert training["attention"].startswith("the module's kernel")
+    assert training["AVX-512 loops"] == "none (plain loops)"
     for precision in ("bf16", "int8"):
         paths = data[f"decoding on the CPU in {precision}"]
         assert "AVX-512" not in " ".join(paths.values()), paths
         assert paths["attention"] == "PyTorch's operations over core's cache"
     if cpu_level.at_least("avx512"):  # and back up: the cap follows the setting
         native = report(monkeypatch, None)["training on the CPU"]
-        assert native["smoothed loss"] == "the module's sweep, AVX-512 loops"
+        assert native["AVX-512 loops"] == "attention_train, smoothed_loss"
 
 
 def test_a_level_that_does_not_exist_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,12 +71,21 @@ def test_train_resume_and_refuse_a_changed_model(setup: tuple[Path, Path]) -> No
     )
     assert re.search(r"first updates: \d+ source / \d+ target tokens", text)
     assert "training summary" in first.output
+    assert "plan:" not in first.output  # the plan of operations: --verbose only
+    assert "plan: loss_sweep: " in (run / "train.log").read_text()  # and always in the log
     assert (run / "checkpoints/step_00000004.pt").is_file()
     assert load_checkpoint(run / "checkpoints/last.pt").step == 4
 
-    again = runner.invoke(app, ["train", str(recipe), "--set", "train.max_steps=6"])
+    again = runner.invoke(app, ["train", str(recipe), "--set", "train.max_steps=6", "-v"])
     assert again.exit_code == 0, again.output
     assert "resuming at step 4" in again.output
+    plan = [line for line in again.output.splitlines() if line.startswith("plan: ")]
+    assert [line.split(":")[1].strip() for line in plan] == [
+        "attention",
+        "blocks",
+        "keep_mask",
+        "loss_sweep",
+    ]
     assert load_checkpoint(run / "checkpoints/last.pt").step == 6
 
     changed = runner.invoke(app, ["train", str(recipe), "--set", "model.n_heads=2"])

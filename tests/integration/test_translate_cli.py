@@ -200,15 +200,29 @@ def test_batched_equals_one_by_one_through_the_translator(random_ckpt: Path) -> 
         assert [h.text for h in single.hypotheses] == [h.text for h in result.hypotheses]
 
 
+def test_verbose_says_how_each_operation_runs(copier: Path) -> None:
+    """--verbose prints the plan: the planner's choice for the model (encoding's attention
+    by PyTorch's fused kernels on a CPU) and the CPU backend's for the decoder step."""
+    code, out, err = run(["-m", str(copier), "--precision", "fp32", "-v"], "a b\n")
+    assert code == 0 and out.strip()
+    plan = [line.removeprefix("plan: ") for line in err.splitlines() if line.startswith("plan: ")]
+    assert "attention: PyTorch's fused kernels" in plan
+    assert "linear layers: PyTorch's (float32)" in plan
+    assert any(line.startswith("decoder step: ") for line in plan)
+    _, _, quiet_err = run(["-m", str(copier), "--precision", "fp32"], "a b\n")
+    assert "plan: " not in quiet_err
+
+
 def test_batch_size_defaults_to_64_sentences_on_a_cpu(copier: Path) -> None:
     ckpt = load_checkpoint(copier)
     auto = Translator.from_checkpoint(ckpt, DecodeConfig(precision="fp32"))
     assert auto.batch_sentences == 64
     # fp32 keeps exactly the open sentences as they finish (no kernel built per shape)
-    assert auto.bucket(9) == 9 and auto.bucket(61) == 61
+    beam = auto.cfg.beam_size
+    assert auto.model.slots(9, beam) == 9 and auto.model.slots(61, beam) == 61
     # bf16 on oneDNN alone keeps its few shapes: 2 finished sentences ride along as filler
     onednn = Translator.from_checkpoint(ckpt, DecodeConfig(precision="bf16", compiled_step=False))
-    assert onednn.bucket(9) == 16
+    assert onednn.model.slots(9, beam) == 16
     sizes = [len(b) for b in length_batches(list(range(150)), [[5]] * 150, auto.batch_sentences)]
     assert sizes == [64, 64, 22]
     given = Translator.from_checkpoint(ckpt, DecodeConfig(precision="fp32", batch_sentences=100))

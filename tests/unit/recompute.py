@@ -42,6 +42,7 @@ class FullRecompute:
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.max_positions = model.max_positions
+        self.advance, self.slots = model.advance, model.slots
 
     def source_mask(self, src: Tensor) -> Tensor:
         return self.model.source_mask(src)

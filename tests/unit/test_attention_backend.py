@@ -9,13 +9,17 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from nmt_cli.core import transformer as transformer_module
-from nmt_cli.core.attention_kernels import (
+from nmt_cli.backends import pytorch as pytorch_backend
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
+from nmt_cli.backends.pytorch import (
     ATTENTION_BACKENDS,
     backend_scope,
+    fused_attention_under,
     mask_kind,
     sdpa_backends,
 )
+from nmt_cli.core.operations import Operations
 from nmt_cli.core.transformer import MultiHeadAttention, Transformer
 
 FLASH, EFFICIENT = SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
@@ -87,23 +91,32 @@ def test_scope_allows_only_the_chosen_kernels_and_restores_the_rest() -> None:
         assert torch.backends.cuda.flash_sdp_enabled() == before[0]
 
 
-def test_model_sets_every_layer_and_refuses_unknown_names(tiny_model: Transformer) -> None:
-    tiny_model.set_attention_backend("efficient")
-    layers = [m for m in tiny_model.modules() if isinstance(m, MultiHeadAttention)]
+def test_a_gpu_plan_gives_every_layer_the_policys_kernels(tiny_model: Transformer) -> None:
+    """The planner's choice for a GPU reaches every attention layer, once, at construction;
+    a policy name outside the list is refused."""
+    target = Target(torch.device("cuda"), training=True, attention_backend="efficient")
+    chosen = machine_plan(target)
+    assert "attention: PyTorch's fused kernels" in chosen.describe()
+    assert "keep_mask: PyTorch's dropout" in chosen.describe()
+    model = Transformer(tiny_model.cfg, chosen.operations)
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     assert len(layers) == 2 + 2 * 2  # encoder self; decoder self and cross
-    assert {m.backend for m in layers} == {"efficient"}
+    assert {id(m.ops.attention) for m in layers} == {id(chosen.operations.attention)}
     with pytest.raises(ValueError, match="attention backend 'fast'"):
-        tiny_model.set_attention_backend("fast")  # type: ignore[arg-type]
+        fused_attention_under("fast")  # type: ignore[arg-type]
 
 
 def test_a_restricted_kernel_set_gives_the_same_attention(
     tiny_model: Transformer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The model's SDPA calls run inside the chosen scope (here forced to math on the CPU,
-    as a GPU would run its choice) and give what PyTorch's default gives."""
+    """The fused kernels run inside the chosen scope (here forced to math on the CPU, as a
+    GPU would run its choice) and give what the reference gives."""
     src = torch.randint(4, 40, (3, 7))
     src[0, 5:] = 0
     tgt = torch.randint(4, 40, (3, 6))
+    fused = Transformer(tiny_model.cfg, Operations(attention=fused_attention_under("auto")))
+    fused.load_state_dict(tiny_model.state_dict())
+    fused.eval()
     with torch.no_grad():
         expected = tiny_model(src, tgt)
         seen: list[tuple[str, str]] = []
@@ -112,8 +125,8 @@ def test_a_restricted_kernel_set_gives_the_same_attention(
             seen.append((policy, mask))
             return [MATH]
 
-        monkeypatch.setattr(transformer_module, "sdpa_backends", forced)
-        got = tiny_model(src, tgt)
+        monkeypatch.setattr(pytorch_backend, "sdpa_backends", forced)
+        got = fused(src, tgt)
     torch.testing.assert_close(got, expected)
     assert {mask for _, mask in seen} == {"padding", "causal"}
 

@@ -24,13 +24,14 @@ from torch import Tensor
 
 from nmt_cli.backends.cpu import build
 from nmt_cli.backends.cpu.build import CompileError
-from nmt_cli.backends.cpu.decoder import CpuDecoder, decoder_shape_free_rows, kernel_advance
+from nmt_cli.backends.cpu.decoder import CpuDecoder, kernel_advance
 from nmt_cli.backends.cpu.linear import Int8Linear, PackedLinear, packed_bf16_available
 from nmt_cli.backends.cpu.slot_cache import SlotCache
+from nmt_cli.core.beam_advance import torch_advance
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.checkpoint import Checkpoint, model_state
 from nmt_cli.core.ensemble import Ensemble
-from nmt_cli.core.search import beam_search, torch_advance
+from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
 from nmt_cli.engines.models import build_decoder
@@ -166,7 +167,7 @@ def test_more_rows_than_the_kernel_takes_go_to_onednn(kernel: ModuleType) -> Non
 def test_a_decoder_says_up_to_how_many_rows_no_product_builds_a_kernel(
     kernel: ModuleType,
 ) -> None:
-    """Beam search keeps finished sentences as filler only above these rows (kept_slots):
+    """Beam search keeps finished sentences as filler only above these rows (`slots`):
     fp32 and the int8 kernel build no kernel per shape, oneDNN's bf16 products one per
     shape, the module's bf16 kernel none up to its rows."""
     assert decode_model("fp32", kernel).shape_free_rows() == math.inf
@@ -179,9 +180,12 @@ def test_a_decoder_says_up_to_how_many_rows_no_product_builds_a_kernel(
     assert kernel.kernel_rows() == 128
     bf16 = decode_model("bf16", kernel)
     assert bf16.shape_free_rows() == 128
-    # an ensemble's search takes its members' fewest
-    assert decoder_shape_free_rows(Ensemble([bf16, decode_model("fp32", kernel)])) == 128
-    assert decoder_shape_free_rows(random_model()) is None  # no CpuDecoder: not for the CPU
+    # beam 4: 32 sentences fit 128 rows exactly; 33 take oneDNN's buckets (40 slots)
+    assert [bf16.slots(n, 4) for n in (1, 3, 9, 32, 33, 41)] == [1, 3, 9, 32, 40, 48]
+    # an ensemble keeps what its most constrained member keeps
+    ensemble = Ensemble([bf16, decode_model("fp32", kernel)])
+    assert [ensemble.slots(n, 4) for n in (32, 33)] == [32, 40]
+    assert random_model().slots(33, 4) == 33  # the reference keeps no filler
 
 
 @pytest.mark.parametrize(("sentences", "k", "vocab"), [(1, 4, 50), (3, 4, 8000), (5, 1, 7)])
@@ -341,7 +345,7 @@ def test_a_field_on_one_side_only_stops_the_step_at_load_with_its_name(
         contract.check_contract(theirs)
     if side == "python":  # through the backend: one notice, the reference step
         ckpt = _checkpoint(random_model())
-        model, _ = build_decoder(
+        model, _, _ = build_decoder(
             [ckpt], ["a"], torch.device("cpu"), "fp32", True, lambda text: None, told.append
         )
         assert isinstance(model, CpuDecoder) and model.step is None
@@ -359,10 +363,9 @@ def test_the_kernels_give_the_same_search_on_two_threads(
     model = decode_model(precision, kernel, compiled=True)
     src = torch.randint(4, 50, (24, 11), generator=torch.Generator().manual_seed(9))
     src[:, -1] = 3
-    advance = kernel_advance(kernel)
 
     def run() -> list:
-        return beam_search(model, src, 4, max_len_b=12, nbest=2, advance=advance)
+        return beam_search(model, src, 4, max_len_b=12, nbest=2)
 
     one = run()
     torch.set_num_threads(2)  # the one_thread fixture restores the count
@@ -378,22 +381,20 @@ def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int)
     model = decode_model(precision, kernel, compiled=True)
     src = _sources()
     assert model.step is not None
-    advance = kernel_advance(kernel)
 
     def run() -> list:
-        return beam_search(model, src, beam, max_len_b=12, nbest=beam, advance=advance)
+        return beam_search(model, src, beam, max_len_b=12, nbest=beam)
 
     _same_hypotheses(run(), _python_step([model], run))
     if precision == "fp32":  # PyTorch's arithmetic throughout, as without the module
         _same_hypotheses(
             run(),
-            beam_search(
-                random_model(),
+            beam_search(  # PyTorch's arithmetic with the module's candidate selection
+                CpuDecoder(random_model(), None, kernel, structural=False),
                 src,
                 beam,
                 max_len_b=12,
                 nbest=beam,
-                advance=kernel_advance(kernel),
             ),
         )
 
@@ -415,9 +416,9 @@ def test_an_int8_sentence_translates_the_same_alone_and_in_a_batch(kernel: Modul
         pytest.skip("this CPU has no AVX-512 VNNI: PyTorch's int8 scales the batch at once")
     src = torch.randint(4, 50, (5, 7), generator=torch.Generator().manual_seed(2))
     src[:, -1] = 3  # equal lengths: no padding, whose softmax sums differ in the last bit
-    together = beam_search(model, src, 4, max_len_b=10, advance=kernel_advance(kernel))
+    together = beam_search(model, src, 4, max_len_b=10)
     for i in range(src.size(0)):
-        alone = beam_search(model, src[i : i + 1], 4, max_len_b=10, advance=kernel_advance(kernel))
+        alone = beam_search(model, src[i : i + 1], 4, max_len_b=10)
         _same_hypotheses(alone, together[i : i + 1])
 
 
@@ -474,7 +475,7 @@ def test_a_build_that_fails_is_reported_and_decoding_stays_in_python(
     monkeypatch.setattr(build, "is_built", lambda: False)
     told: list[str] = []
     ckpt = _checkpoint(decode_model("fp32"))
-    model, _ = build_decoder(
+    model, _, _ = build_decoder(
         [ckpt],
         ["a"],
         torch.device("cpu"),
@@ -498,10 +499,10 @@ def test_a_build_that_fails_is_reported_and_decoding_stays_in_python(
 def test_build_decoder_gives_cpu_models_the_compiled_step(kernel: ModuleType) -> None:
     ckpt = _checkpoint(decode_model("fp32"))
     told: list[str] = []
-    model, _ = build_decoder([ckpt], ["a"], torch.device("cpu"), "bf16", True, told.append)
+    model, _, _ = build_decoder([ckpt], ["a"], torch.device("cpu"), "bf16", True, told.append)
     assert told == []  # already built by the fixture
     assert isinstance(model, CpuDecoder) and model.step is not None
-    plain, _ = build_decoder([ckpt], ["a"], torch.device("cpu"), "bf16", compiled_step=False)
+    plain, _, _ = build_decoder([ckpt], ["a"], torch.device("cpu"), "bf16", compiled_step=False)
     assert isinstance(plain, CpuDecoder) and plain.step is None
 
 
@@ -572,7 +573,7 @@ def test_a_missing_source_file_is_a_fallback_not_a_traceback(
     told: list[str] = []
     try:
         ckpt = _checkpoint(random_model())
-        model, _ = build_decoder(
+        model, _, _ = build_decoder(
             [ckpt], ["a"], torch.device("cpu"), "fp32", True, lambda text: None, told.append
         )
     finally:

@@ -15,11 +15,14 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 from train_data import make_data_dir
 
+from nmt_cli.backends import pytorch as pytorch_backend
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
 from nmt_cli.config import TrainConfig
-from nmt_cli.core import transformer as transformer_module
 from nmt_cli.core.batching import Batch, collate, length_grouped_batches, real_token_fraction
 from nmt_cli.core.norm import LayerNorm, low_precision_layer_norm
 from nmt_cli.core.objective import TrainingObjective
+from nmt_cli.core.operations import REFERENCE, Operations
 from nmt_cli.core.schedule import paper_adam
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.data_dir import open_data_dir
@@ -51,9 +54,9 @@ def _sgd(model: Transformer) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=1.0)
 
 
-def _model(cfg: ModelConfig) -> Transformer:
+def _model(cfg: ModelConfig, operations: Operations = REFERENCE) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(cfg)
+    return Transformer(cfg, operations)
 
 
 # -- shape buckets --------------------------------------------------------------------------
@@ -232,8 +235,9 @@ def test_compiled_model_trains_like_the_eager_one(
     a stack: every layer runs the same code, and tracing each costs some 20 s on a CPU."""
     cfg = dataclasses.replace(tiny_config, encoder_layers=1, decoder_layers=1)
     src, tgt = _stores(60)
-    eager_model = _model(cfg)
-    compiled_model = _model(cfg)
+    gpu = machine_plan(Target(torch.device("cuda"), training=True)).operations  # a GPU's
+    eager_model = _model(cfg, gpu)
+    compiled_model = _model(cfg, gpu)
     eager = TrainingObjective(eager_model, 0.1, 0, fused_projection=True)
     compiled = TrainingObjective(compiled_model, 0.1, 0, True, compile_backend="aot_eager")
     for lo, hi, multiple in ((0, 5, 8), (5, 14, 1)):
@@ -249,7 +253,7 @@ def test_compiled_model_trains_like_the_eager_one(
         for a, b in zip(results[0][2], results[1][2], strict=True):
             assert a is not None and b is not None
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    monkeypatch.setattr(transformer_module, "sdpa_backends", lambda *_: [SDPBackend.MATH])
+    monkeypatch.setattr(pytorch_backend, "sdpa_backends", lambda *_: [SDPBackend.MATH])
     forward = torch.compile(eager_model.eval().forward, dynamic=True, backend="aot_eager")
     batch = collate(src, tgt, np.arange(6), 8)
     with torch.no_grad():

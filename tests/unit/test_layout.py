@@ -121,3 +121,49 @@ def test_one_class_is_named_translator() -> None:
         if isinstance(node, ast.ClassDef) and node.name == "Translator"
     ]
     assert len(homes) == 1, homes
+
+
+def test_the_model_and_search_read_top_to_bottom() -> None:
+    """The rule: the paper's model and its search each stay a file one reads through
+    (400 lines); what grows moves into a module of its own (embedding, attention, the
+    beam's bookkeeping, parameter counts)."""
+    for name in ("transformer.py", "search.py"):
+        lines = len((PACKAGE / "core" / name).read_text().splitlines())
+        assert lines <= 400, f"core/{name} has {lines} lines"
+
+
+def test_core_chooses_no_kernel() -> None:
+    """How an operation runs is the planner's (nmt_cli/backends): core holds no kernel
+    library's name, no batch-shape or cache-layout knowledge of a backend, and no setter
+    that swaps an implementation into a built model."""
+    forbidden = ("onednn", "bucket", "slotcache", "sdpa_kernel", "torch.backends", "avx")
+    for path in (PACKAGE / "core").rglob("*.py"):
+        if path.name == "precision.py":  # which precision a machine's units run well
+            continue
+        text = path.read_text().lower()
+        assert not [word for word in forbidden if word in text], path.name
+        tree = ast.parse(path.read_text())
+        setters = [
+            method.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef)
+            for method in node.body
+            if isinstance(method, ast.FunctionDef) and method.name.startswith("set_")
+        ]
+        assert setters == [], (path.name, setters)
+
+
+def test_attention_is_written_in_one_place() -> None:
+    """softmax(QK^T / sqrt(d_k)) V is computed by core/attention.py's reference and
+    handed to PyTorch's fused kernel there; every other caller goes through them (the
+    band's blocks change which keys are scored, not how)."""
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls = {
+            node.func.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        }
+        attention_calls = calls & {"softmax", "scaled_dot_product_attention", "baddbmm"}
+        if path.relative_to(PACKAGE).as_posix() != "core/attention.py":
+            assert not attention_calls, (path, attention_calls)

@@ -19,6 +19,7 @@ from torch import Tensor
 from nmt_cli.backends.cpu.decoder import cpu_decoders
 from nmt_cli.backends.cpu.support import unsupported
 from nmt_cli.config import ConfigError, recipe_from_dict
+from nmt_cli.core import local_attention
 from nmt_cli.core import transformer as transformer_module
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.flops import forward_flops
@@ -130,7 +131,7 @@ def test_the_model_equals_its_dense_band_mask_form(
     (what runs when blocks would not be smaller), and the window changes the output."""
     src, tgt = _batch()
     blocked = windowed(src, tgt)
-    monkeypatch.setattr(transformer_module, "scored_keys", lambda length, *_: length)
+    monkeypatch.setattr(local_attention, "scored_keys", lambda length, *_: length)
     dense = windowed(src, tgt)
     torch.testing.assert_close(blocked, dense, rtol=1e-10, atol=1e-10)
     full = copy.deepcopy(windowed)
@@ -239,7 +240,7 @@ def test_training_in_blocks_lowers_the_loss_and_matches_the_dense_gradient(
     model = _model(window=5).train()
     loss, grads = gradient(model)
     with monkeypatch.context() as patch:
-        patch.setattr(transformer_module, "scored_keys", lambda length, *_: length)
+        patch.setattr(local_attention, "scored_keys", lambda length, *_: length)
         dense_loss, dense_grads = gradient(model)
     torch.testing.assert_close(loss, dense_loss)
     for got, want in zip(grads, dense_grads, strict=True):

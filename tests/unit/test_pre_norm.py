@@ -16,15 +16,9 @@ from torch import Tensor
 
 from nmt_cli.backends.cpu.decoder import CpuDecoder, cpu_decoders
 from nmt_cli.core.checkpoint import Checkpoint, checkpoint_from_dict, model_state
+from nmt_cli.core.parameters import count_parameters, parameter_breakdown
 from nmt_cli.core.search import beam_search
-from nmt_cli.core.transformer import (
-    DecoderLayer,
-    EncoderLayer,
-    ModelConfig,
-    Transformer,
-    count_parameters,
-    parameter_breakdown,
-)
+from nmt_cli.core.transformer import DecoderLayer, EncoderLayer, ModelConfig, Transformer
 from nmt_cli.core.vocab import VocabPair, train_sentencepiece
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,12 +64,12 @@ def test_a_pre_norm_layer_is_x_plus_its_sublayer_of_the_normalized_input(
     mask = model.source_mask(src)
     with torch.no_grad():
         x = model.src_embed(src)
-        x = x + enc.self_attn(_norm(enc.norm1, x), key_mask=mask).values
+        x = x + enc.self_attn(_norm(enc.norm1, x), key_mask=mask)[0]
         x = x + enc.ffn(_norm(enc.norm2, x))
         memory = _norm(model.encoder_norm, x)  # type: ignore[arg-type]
         y = model.tgt_embed(tgt)
-        y = y + dec.self_attn(_norm(dec.norm1, y), causal=True).values
-        y = y + dec.cross_attn(_norm(dec.norm2, y), memory, key_mask=mask).values
+        y = y + dec.self_attn(_norm(dec.norm1, y), causal=True)[0]
+        y = y + dec.cross_attn(_norm(dec.norm2, y), memory, key_mask=mask)[0]
         y = y + dec.ffn(_norm(dec.norm3, y))
         logits = _norm(model.decoder_norm, y) @ model.output_weight.T  # type: ignore[arg-type]
         torch.testing.assert_close(model.encode(src), memory, rtol=0, atol=1e-12)

@@ -4,6 +4,7 @@ and exact decoding by a tiny model trained here to reverse sequences."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,12 +13,12 @@ import torch.nn.functional as F
 from reverser import reverse_batch
 from torch import Tensor
 
+from nmt_cli.backends.cpu.decoder import batch_bucket
+from nmt_cli.core.beam_advance import torch_advance
 from nmt_cli.core.search import (
     Hypothesis,
-    batch_bucket,
     beam_search,
     greedy_search,
-    kept_slots,
     length_penalty_value,
     max_output_lengths,
 )
@@ -52,10 +53,21 @@ class ScriptedModel:
     A prefix missing from the table ends with certainty."""
 
     max_positions = None
+    advance = staticmethod(torch_advance)
 
-    def __init__(self, table: Table, vocab: int = 6, default: dict[int, float] | None = None):
+    def __init__(
+        self,
+        table: Table,
+        vocab: int = 6,
+        default: dict[int, float] | None = None,
+        slots: Callable[[int], int] = int,
+    ):
         self.table, self.vocab = table, vocab
         self.default = default or {EOS: 1.0}
+        self.slot_rule = slots
+
+    def slots(self, open_sentences: int, beam: int) -> int:
+        return self.slot_rule(open_sentences)
 
     def source_mask(self, src: Tensor) -> Tensor:
         return (src != 0)[:, None, None, :]
@@ -170,16 +182,11 @@ def test_finished_sentences_leave_the_batch_in_few_shapes() -> None:
     assert batch_bucket(121) == 128 and batch_bucket(128) == 128
 
 
-def test_kept_slots_are_exact_while_the_beams_fit_the_shape_free_rows() -> None:
-    slots = kept_slots(128, 4)  # the bf16 kernel's 128 rows, beam 4: 32 sentences
-    assert [slots(n) for n in (1, 3, 5, 9, 31, 32)] == [1, 3, 5, 9, 31, 32]
-    assert [slots(n) for n in (33, 41, 64)] == [40, 48, 64]  # oneDNN's products: buckets
-    assert [kept_slots(math.inf, 4)(n) for n in (3, 33, 100)] == [3, 33, 100]  # fp32
-    assert [kept_slots(0, 1)(n) for n in range(1, 10)] == [batch_bucket(n) for n in range(1, 10)]
+def test_sentences_ending_at_different_steps_each_get_their_own_hypotheses() -> None:
     # Sentences whose length limits differ finish at different steps (limits 1, 2, 3, 6:
     # |source| + b with b = 0); the batch keeps finished ones as filler (3 open -> 4 slots)
     # and each sentence still gets exactly its own hypotheses.
-    babbler = ScriptedModel({}, vocab=30, default={A: 0.9, EOS: 0.1})
+    babbler = ScriptedModel({}, vocab=30, default={A: 0.9, EOS: 0.1}, slots=batch_bucket)
     src = torch.tensor([[A, EOS, 0, 0, 0, 0, 0], [A, A, EOS, 0, 0, 0, 0],
                         [A, A, A, EOS, 0, 0, 0], [B] * 6 + [EOS]])  # fmt: skip
     # alpha 1: each token costs ln .9 but raises the penalty, so the longest ending wins.
@@ -202,15 +209,15 @@ class RowCounter(ScriptedModel):
 
 
 def test_finished_sentences_can_leave_the_batch_at_once() -> None:
-    """With `bucket=int` (the translator's kept_slots where no product builds a kernel per
-    shape) a batch keeps exactly its open sentences: its rows shrink as each one ends, and
+    """With exact slots (`Searchable.slots`, where no product builds a kernel per shape)
+    a batch keeps exactly its open sentences: its rows shrink as each one ends, and
     every sentence gets the hypotheses it gets with the buckets' filler."""
     src = torch.tensor([[A, EOS, 0, 0, 0, 0, 0], [A, A, EOS, 0, 0, 0, 0],
                         [A, A, A, EOS, 0, 0, 0], [B] * 6 + [EOS]])  # fmt: skip
     found = {}
     for name, bucket in (("buckets", batch_bucket), ("exact", int)):
-        babbler = RowCounter({}, vocab=30, default={A: 0.9, EOS: 0.1})
-        results = beam_search(babbler, src, 2, 1.0, max_len_b=0, nbest=2, bucket=bucket)
+        babbler = RowCounter({}, vocab=30, default={A: 0.9, EOS: 0.1}, slots=bucket)
+        results = beam_search(babbler, src, 2, 1.0, max_len_b=0, nbest=2)
         found[name] = ([tokens(h) for h in results], babbler.rows)
     assert found["exact"][0] == found["buckets"][0]
     # Step 0 has one row a sentence, then 2 beams each; limits 1, 2, 3, 6 end them in turn.

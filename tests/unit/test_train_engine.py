@@ -287,11 +287,13 @@ def test_a_cpu_without_bf16_units_trains_auto_in_fp32_and_is_told_about_bf16(
 def test_without_the_compiled_module_training_keeps_pytorchs_kernels_and_says_so(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from nmt_cli.backends import plan
     from nmt_cli.backends.cpu import training as cpu_kernels
     from nmt_cli.backends.cpu.build import CompileError
+    from nmt_cli.core.attention import attention
     from nmt_cli.core.dropout import scaled_keep_mask
     from nmt_cli.core.losses import smoothed_loss_sweep
-    from nmt_cli.core.written_attention import written_out_attention
+    from nmt_cli.core.operations import Operations
 
     def no_compiler(on_compile: Any = None) -> Any:
         raise CompileError("no C++ compiler (c++) on PATH")
@@ -311,11 +313,13 @@ def test_without_the_compiled_module_training_keeps_pytorchs_kernels_and_says_so
     attended: list[bool] = []
 
     def counted_attention(*args: Any) -> Any:
-        attended.append(args[-1])  # causal: the decoder's self-attention, else not
-        return written_out_attention(*args)
+        attended.append(args[4])  # causal: the decoder's self-attention, else not
+        return attention(*args)
 
-    references = cpu_kernels.CpuKernels(counted_mask, counted_sweep, counted_attention)
-    monkeypatch.setattr(cpu_kernels, "CpuKernels", lambda: references)
+    references = Operations(
+        attention=counted_attention, keep_mask=counted_mask, loss_sweep=counted_sweep
+    )
+    monkeypatch.setattr(plan, "REFERENCE", references)  # what the planner starts from
     events: list[TrainEvent] = []
     result = train(tiny_recipe(data, tmp_path / "run"), on_event=events.append)
     notices = [e.text for e in events if isinstance(e, Notice)]

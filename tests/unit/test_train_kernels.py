@@ -14,17 +14,20 @@ import torch
 
 from nmt_cli.backends.cpu import training as cpu_kernels_module
 from nmt_cli.backends.cpu.training import (
-    CpuKernels,
     compiled_attention,
     compiled_keep_mask,
     compiled_loss_sweep,
-    cpu_kernels,
+    training_kernel,
 )
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
+from nmt_cli.core.attention import Attention
+from nmt_cli.core.attention import attention as written_out_attention
 from nmt_cli.core.dropout import Dropout, KeepMask, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sweep
 from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.operations import Operations
 from nmt_cli.core.transformer import Transformer
-from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
 
 
 @pytest.fixture(params=["reference", "compiled"])
@@ -136,15 +139,32 @@ def test_the_compiled_mask_follows_its_seed_not_the_threads(kernel: ModuleType) 
 
 
 def test_training_on_a_cpu_draws_its_masks_from_the_compiled_module(kernel: ModuleType) -> None:
-    kernels, why = cpu_kernels()
-    keep = kernels.keep_mask
-    assert why is None and keep is not scaled_keep_mask
-    assert kernels.loss_sweep is not smoothed_loss_sweep
+    loaded, why = training_kernel()
+    assert loaded is kernel and why == ""
+    chosen = machine_plan(Target(torch.device("cpu"), True, kernel=loaded))
+    keep = chosen.operations.keep_mask
+    assert keep is not scaled_keep_mask and keep is not None
+    assert chosen.operations.loss_sweep is not smoothed_loss_sweep
+    assert "keep_mask: the module's counter-based generator" in chosen.describe()
     settings = dict(d_model=16, d_ff=32, n_heads=2, encoder_layers=1, decoder_layers=1)
-    model = Transformer(ModelConfig(**settings, src_vocab_size=20, tgt_vocab_size=20))  # type: ignore[arg-type]
-    model.set_dropout_mask(keep)
+    cfg = ModelConfig(**settings, src_vocab_size=20, tgt_vocab_size=20)  # type: ignore[arg-type]
+    model = Transformer(cfg, chosen.operations)
     drops = [m for m in model.modules() if isinstance(m, Dropout)]
     assert drops and all(m.keep_mask is keep for m in drops)
+
+
+def test_without_the_module_training_plans_the_references_and_says_why() -> None:
+    target = Target(torch.device("cpu"), True, kernel=None, no_kernel="no compiler")
+    chosen = machine_plan(target)
+    assert chosen.operations.keep_mask is scaled_keep_mask
+    assert chosen.operations.loss_sweep is smoothed_loss_sweep
+    assert chosen.operations.attention is written_out_attention
+    lines = chosen.describe()
+    assert any(
+        line.startswith("keep_mask: core's reference") and "no compiler" in line for line in lines
+    )
+    # PyTorch's fused kernel is passed over for training on a CPU, with its reason
+    assert any("its backward pass is the slower on a CPU" in line for line in lines)
 
 
 def test_the_probe_and_the_ranks_never_build_the_module_themselves(
@@ -158,8 +178,7 @@ def test_the_probe_and_the_ranks_never_build_the_module_themselves(
 
     monkeypatch.setattr(cpu_kernels_module, "is_built", lambda: False)
     monkeypatch.setattr(cpu_kernels_module, "prepare_kernel", build)
-    kernels, why = cpu_kernels(build=False)
-    assert kernels == CpuKernels() and why == "the compiled module is not built"
+    assert training_kernel(build=False) == (None, "the compiled module is not built")
 
 
 @pytest.mark.parametrize("vocab", [37, 1000])  # a partial 16-lane tail; many full ones
@@ -278,7 +297,7 @@ def test_the_compiled_sweep_leaves_half_precision_to_the_reference(kernel: Modul
 
 
 @pytest.fixture(params=["reference", "compiled", "compiled-generic"])
-def attention(request: pytest.FixtureRequest) -> TrainingAttention:
+def attention(request: pytest.FixtureRequest) -> Attention:
     """Each attention a CPU run can train with: core's, and the CPU backend's compiled one
     at this CPU's level and at the plain loops every CPU runs."""
     if request.param == "reference":
@@ -329,7 +348,7 @@ def out_weights(out: torch.Tensor) -> torch.Tensor:
     ],
 )
 def test_attention_and_its_gradients_match_float64(
-    attention: TrainingAttention, length: int, keys: int, d: int, causal: bool, masked: bool
+    attention: Attention, length: int, keys: int, d: int, causal: bool, masked: bool
 ) -> None:
     """Both attentions against the same sums in float64: float32 to 1e-5 of the largest
     value, and the compiled one no further from float64 than the reference is."""
@@ -411,20 +430,22 @@ def test_compiled_attention_leaves_other_masks_and_dtypes_to_the_reference(
         calls.append("reference")
         return written_out_attention(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cpu_kernels_module, "written_out_attention", counted)
+    monkeypatch.setattr(cpu_kernels_module, "attention", counted)
     compiled = compiled_attention(kernel)
     q, k, v, _ = attention_inputs(2, 2, 6, 6, 8, torch.float32)
     band = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()  # a per-query mask
     compiled(q, k, v, band, False)
     compiled(q.half(), k.half(), v.half(), None, True)
     assert calls == ["reference", "reference"]
+    compiled(q, k, v, None, True, 0.1)  # attention dropout
+    assert calls == ["reference"] * 3
     compiled(q, k, v, None, True)
-    assert calls == ["reference", "reference"]
+    assert calls == ["reference"] * 3
 
 
 def test_a_model_trains_through_the_compiled_attention(kernel: ModuleType) -> None:
-    """set_cpu_attention reaches every layer, and a training step's gradients agree with
-    the reference's."""
+    """The planned attention reaches every layer, and a training step's gradients agree
+    with the reference's."""
     settings = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2)
     cfg = ModelConfig(**settings, src_vocab_size=30, tgt_vocab_size=30, dropout=0.0)  # type: ignore[arg-type]
     src = torch.tensor([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
@@ -432,11 +453,8 @@ def test_a_model_trains_through_the_compiled_attention(kernel: ModuleType) -> No
     grads = []
     for attend in (written_out_attention, compiled_attention(kernel)):
         torch.manual_seed(0)
-        model = Transformer(cfg).train()
-        model.set_cpu_attention(attend)
-        assert all(
-            m.cpu_attention is attend for m in model.modules() if hasattr(m, "cpu_attention")
-        )
+        model = Transformer(cfg, Operations(attention=attend)).train()
+        assert all(m.ops.attention is attend for m in model.modules() if hasattr(m, "ops"))
         model(src, tgt).float().square().mean().backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     for a, b in zip(*grads, strict=True):

@@ -8,12 +8,8 @@ import math
 import pytest
 import torch
 
-from nmt_cli.core.transformer import (
-    ModelConfig,
-    Transformer,
-    count_parameters,
-    sinusoidal_positions,
-)
+from nmt_cli.core.parameters import count_parameters
+from nmt_cli.core.transformer import ModelConfig, Transformer, sinusoidal_positions
 
 
 def _batch(vocab: int = 40) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,16 +11,11 @@ in support.py; a model outside it decodes on the reference step. decoder.py make
 one choice of arithmetic per model.
 
 What it may assume of core: the Transformer's modules and their names (the layers of
-`DecoderLayer`, `tgt_embed`), `step_hidden`/`cache_memory`/`logits`, core/cache.py's
-cache protocols, and core/step_linear.py's `StepLinear` for stand-in layers. Core never
-imports this package.
+`DecoderLayer`, `tgt_embed`), `step_hidden`/`logits`, the cross-attention's
+`project_kv`, core/cache.py's cache protocols, and core/step_linear.py's `StepLinear`
+for stand-in layers. Core never imports this package.
 """
 
-from nmt_cli.backends.cpu.decoder import (
-    CpuDecoder,
-    beam_advance,
-    cpu_decoders,
-    decoder_shape_free_rows,
-)
+from nmt_cli.backends.cpu.decoder import CpuDecoder, cpu_decoders
 
-__all__ = ["CpuDecoder", "beam_advance", "cpu_decoders", "decoder_shape_free_rows"]
+__all__ = ["CpuDecoder", "cpu_decoders"]

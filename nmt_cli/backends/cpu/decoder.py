@@ -29,9 +29,9 @@ from nmt_cli.backends.cpu.linear import Int8Linear, LinearKind, PackedLinear, sp
 from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.backends.cpu.step import CompiledStep
 from nmt_cli.backends.cpu.support import unsupported
+from nmt_cli.core.beam_advance import Advance, BeamAdvance, torch_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
-from nmt_cli.core.search import Advance, BeamAdvance, torch_advance
 from nmt_cli.core.step_linear import StepLinear, linear
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -82,6 +82,7 @@ class CpuDecoder(nn.Module):
             self.step = CompiledStep(model, projection, kernel, own is not None)
         # Beam search's bookkeeping, from the same module as the step when there is one.
         self.advance: BeamAdvance = kernel_advance(kernel) if kernel is not None else torch_advance
+        self._shape_free_rows: float | None = None  # measured on first use
 
     @property
     def cfg(self) -> ModelConfig:
@@ -104,8 +105,8 @@ class CpuDecoder(nn.Module):
 
     def new_cache(self) -> StepCache:
         """The SlotCache where the attention kernel decodes this model, else core's."""
-        if self.attention_kernel is None:
-            return self.model.new_cache()
+        if self.attention_kernel is None:  # float32 whatever the model's dtype: oneDNN's
+            return self.model.new_cache(torch.float32)  # bf16 is slow at one-query shapes
         first = cast(DecoderLayer, self.model.decoder[0]).self_attn
         layers = len(self.model.decoder)
         return SlotCache(self.attention_kernel, first.h, first.d_k, first.d_v, layers)
@@ -123,7 +124,7 @@ class CpuDecoder(nn.Module):
         which records them)."""
         if self.step is not None and not need_weights:
             if cache.length == 0:
-                self.model.cache_memory(memory, src_mask, cache)
+                self._cache_memory(memory, src_mask, cache)
             return self.step(last_tokens, cache), None
         hidden, weights = self.model.step_hidden(last_tokens, memory, src_mask, cache, need_weights)
         if self.projection is None:
@@ -132,11 +133,29 @@ class CpuDecoder(nn.Module):
             logits = linear(self.projection, hidden)
         return self.log_probs(logits), weights
 
+    def _cache_memory(self, memory: Tensor, src_mask: Tensor, cache: StepCache) -> None:
+        """Every decoder layer's cross-attention keys/values of `memory` in `cache`: the
+        reference step's work on its first step, done here for the compiled step, which
+        expects them there already."""
+        for layer, layer_cache in zip(self.model.decoder, cache.layers, strict=True):
+            if not layer_cache.has_memory():
+                attention = cast(DecoderLayer, layer).cross_attn
+                layer_cache.store_memory(*attention.project_kv(memory), src_mask)
+
+    def slots(self, open_sentences: int, beam: int) -> int:
+        """Exactly the open sentences while their rows fit products that build no kernel
+        per shape (`shape_free_rows`), `batch_bucket` above."""
+        if self._shape_free_rows is None:
+            self._shape_free_rows = self.shape_free_rows()
+        if open_sentences * beam <= self._shape_free_rows:
+            return open_sentences
+        return batch_bucket(open_sentences)
+
     def shape_free_rows(self) -> float:
         """The most rows a step takes without a product building a kernel for its shape:
         the fewest of every linear layer's and the output projection's (without a stand-in,
         the tied embedding in the model's dtype). Beam search keeps finished sentences as
-        filler only above it (search.kept_slots)."""
+        filler only above it (`slots`)."""
         layers = [m for m in self.model.modules() if isinstance(m, (nn.Linear, StepLinear))]
         rows = [_shape_free_rows(layer) for layer in layers]
         if self.projection is not None:
@@ -176,14 +195,14 @@ class CpuDecoder(nn.Module):
         return torch.log_softmax(logits, -1, dtype=torch.float32)
 
 
-def beam_advance(model: nn.Module) -> BeamAdvance:
-    """The bookkeeping beam search should use with `model` (a CpuDecoder, an ensemble of
-    them, or any other Searchable): the compiled one when the model decodes with the
-    module, so that every step of it ranks candidates the same way."""
-    for module in model.modules():
-        if isinstance(module, CpuDecoder):
-            return module.advance
-    return torch_advance
+def batch_bucket(n: int) -> int:
+    """Sentence slots a batch keeps for `n` open sentences: 1, 2, 4, 8, then multiples of 8
+    (at most 7 finished ones ride along as filler). Every new batch shape makes oneDNN build
+    and cache new kernels (with a reordered copy of the weights): in bf16 that cost time and
+    grew a long run's memory with its input."""
+    if n <= 8:
+        return 1 << max(0, (n - 1).bit_length())
+    return -(-n // 8) * 8
 
 
 def _shape_free_rows(layer: nn.Module) -> float:
@@ -200,13 +219,6 @@ def _plain_rows(weight: Tensor) -> float:
     """PyTorch's own product with `weight` (`F.linear`): float32 builds no kernel per
     shape, oneDNN in other dtypes does."""
     return math.inf if weight.dtype == torch.float32 else 0.0
-
-
-def decoder_shape_free_rows(model: nn.Module) -> float | None:
-    """The fewest `CpuDecoder.shape_free_rows` of `model`'s CpuDecoders (an ensemble's
-    members), None where it has none (a model on a GPU)."""
-    rows = [m.shape_free_rows() for m in model.modules() if isinstance(m, CpuDecoder)]
-    return min(rows) if rows else None
 
 
 # The decode-only linear layers of each precision (fp32 keeps PyTorch's nn.Linear).

@@ -100,7 +100,7 @@ def step_spec(
 class CompiledStep:
     """The reference step without attention weights, as one call into the module, over
     either cache layout. The cross-attention cache must be filled before the first step
-    (Transformer.cache_memory)."""
+    (CpuDecoder._cache_memory)."""
 
     def __init__(
         self,

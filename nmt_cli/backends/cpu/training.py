@@ -2,7 +2,7 @@
 the loss's sweep over the logits, and attention.
 
 All three have references in the core made of PyTorch operations (core/dropout.py,
-core/losses.py, core/written_attention.py) that cost more than their arithmetic on a CPU.
+core/losses.py, core/attention.py) that cost more than their arithmetic on a CPU.
 The reference mask is four operations, one of them PyTorch's CPU `random_`, which runs
 its generator serially: on the Multi30k recipe's model the masks took about 8% of a bf16
 update. The compiled `scaled_keep_mask` (csrc/dropout_mask.cpp) makes the same mask in
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -31,26 +30,10 @@ import torch
 from torch import Tensor
 
 from nmt_cli.backends.cpu.build import CompileError, is_built, prepare_kernel
-from nmt_cli.core.dropout import KeepMask, scaled_keep_mask
+from nmt_cli.backends.plan import Implementation, Target
+from nmt_cli.core.attention import Attention, attention
+from nmt_cli.core.dropout import KeepMask
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
-from nmt_cli.core.transformer import Transformer
-from nmt_cli.core.written_attention import TrainingAttention, written_out_attention
-
-
-@dataclass(frozen=True)
-class CpuKernels:
-    """Dropout's masks (`Transformer.set_dropout_mask`), the loss's sweep
-    (`TrainingObjective`, the validator) and attention (`Transformer.set_cpu_attention`);
-    by default the core's references."""
-
-    keep_mask: KeepMask = scaled_keep_mask
-    loss_sweep: LossSweep = smoothed_loss_sweep
-    attention: TrainingAttention = written_out_attention
-
-    def apply_to(self, model: Transformer) -> None:
-        """The model's masks and attention from here (the loss's sweep is the objective's)."""
-        model.set_dropout_mask(self.keep_mask)
-        model.set_cpu_attention(self.attention)
 
 
 def compiled_keep_mask(kernel: ModuleType) -> KeepMask:
@@ -112,64 +95,89 @@ class _CompiledAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def compiled_attention(kernel: ModuleType) -> TrainingAttention:
+def compiled_attention(kernel: ModuleType) -> Attention:
     """The module's attention for float32 and bfloat16 CPU heads with a padding mask (one
-    flag per key) or none; the reference for anything else (a band mask, say)."""
+    flag per key) or none, without attention dropout, in eager mode; the reference for
+    anything else (a band mask, dropout, a graph being compiled, which traces it)."""
 
-    def attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, causal: bool) -> Tensor:
+    def attend(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
         b, s = k.size(0), k.size(2)
         fits = (
-            q.device.type == "cpu"
+            dropout_p == 0.0
+            and not torch.compiler.is_compiling()
+            and q.device.type == "cpu"
             and q.dtype in (torch.float32, torch.bfloat16)
             and q.dtype == k.dtype == v.dtype
             and q.size(-1) == v.size(-1)
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-            and (key_mask is None or key_mask.shape == (b, 1, 1, s))
+            and (mask is None or (mask.dtype == torch.bool and mask.shape == (b, 1, 1, s)))
         )
         if not fits:
-            return written_out_attention(q, k, v, key_mask, causal)
-        keys = None if key_mask is None else key_mask.reshape(b, s)
+            return attention(q, k, v, mask, causal, dropout_p)
+        keys = None if mask is None else mask.reshape(b, s)
         out: Tensor = _CompiledAttention.apply(q, k, v, keys, causal, kernel)
         return out
 
-    return attention
+    return attend
 
 
-def cpu_kernels(
+def training_kernel(
     on_compile: Callable[[str], None] | None = None, build: bool = True
-) -> tuple[CpuKernels, str | None]:
-    """The compiled kernels (the module built first if need be: `on_compile` is told how
-    far the build has come, None: on stderr), or the references and the reason the
-    module could not be had. `build=False` takes only a module built already: `train()`
-    builds it once, and the layout probe and the ranks after it do not try again where
-    that failed (a failing build can take a minute)."""
+) -> tuple[ModuleType | None, str]:
+    """The compiled module (built first if need be: `on_compile` is told how far the
+    build has come, None: on stderr), or None and the reason it could not be had.
+    `build=False` takes only a module built already: `train()` builds it once, and the
+    layout probe and the ranks after it do not try again where that failed (a failing
+    build can take a minute)."""
     try:
         if not build and not is_built():
-            return CpuKernels(), "the compiled module is not built"
-        kernel = prepare_kernel(on_compile)
+            return None, "the compiled module is not built"
+        return prepare_kernel(on_compile), ""
     except (CompileError, OSError) as exc:
-        return CpuKernels(), str(exc)
-    compiled = CpuKernels(
-        compiled_keep_mask(kernel), compiled_loss_sweep(kernel), compiled_attention(kernel)
-    )
-    return compiled, None
+        return None, str(exc)
 
 
-def cpu_kernel_paths(kernel: ModuleType | None) -> dict[str, str]:
-    """Which implementation each of training's CPU operations takes, in words (`nmt
-    env`): the module's kernels where it is loaded, at the loops its CPU level allows."""
-    if kernel is None:
-        reference = "PyTorch's operations (core's reference; the module is not loaded)"
-        return {"dropout masks": reference, "smoothed loss": reference, "attention": reference}
-    vectorized = kernel.vectorized()
+def implementations() -> list[Implementation]:
+    """What the module does for training on a CPU: attention, dropout's masks and the
+    loss's sweep (each tested against its reference in core)."""
 
-    def loops(name: str) -> str:
-        return "AVX-512 loops" if vectorized[name] else "plain loops"
+    def refuses(target: Target) -> str | None:
+        return None if target.kernel is not None else target.no_kernel
 
-    return {
-        "dropout masks": "the module's counter-based generator",
-        "smoothed loss": f"the module's sweep, {loops('smoothed_loss')}",
-        "attention": (
-            f"the module's, {loops('attention_train')} (padding masks; PyTorch's otherwise)"
+    def kernel(target: Target) -> ModuleType:
+        assert target.kernel is not None
+        return target.kernel
+
+    return [
+        Implementation(
+            "attention",
+            "the module's kernel (padding masks; the reference for others)",
+            refuses,
+            lambda target: compiled_attention(kernel(target)),
+            "cpu",
+            training=True,
         ),
-    }
+        Implementation(
+            "keep_mask",
+            "the module's counter-based generator",
+            refuses,
+            lambda target: compiled_keep_mask(kernel(target)),
+            "cpu",
+            training=True,
+        ),
+        Implementation(
+            "loss_sweep",
+            "the module's sweep",
+            refuses,
+            lambda target: compiled_loss_sweep(kernel(target)),
+            "cpu",
+            training=True,
+        ),
+    ]

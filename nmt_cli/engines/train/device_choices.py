@@ -5,7 +5,7 @@ a quarter of each step: cuDNN attention built a graph for every new batch shape,
 label-smoothed loss made several fp32 passes over the (tokens x vocabulary) logits, and
 casts took 12% of GPU time. On a GPU, therefore:
 
-- attention kernels without per-shape cost (`core/attention_kernels.py`);
+- attention kernels without per-shape cost (`backends/pytorch.py`);
 - the output projection fused into the chunked loss (`core/objective.py`);
 - batch widths padded to multiples of 8, so shapes repeat (`core/batching.py`);
 - `torch.compile` of the model with dynamic shapes, unless the recipe turns it off;
@@ -26,8 +26,8 @@ from typing import Literal
 
 import torch
 
+from nmt_cli.backends.pytorch import AttentionBackend
 from nmt_cli.config import TrainConfig
-from nmt_cli.core.attention_kernels import AttentionBackend
 
 GPU_SHAPE_MULTIPLE = 8
 

@@ -77,6 +77,7 @@ class Notice:
 
     text: str
     warning: bool = False
+    detail: bool = False  # shown with --verbose only (always in train.log)
 
 
 TrainEvent = TrainStarted | StepDone | CheckpointSaved | Notice

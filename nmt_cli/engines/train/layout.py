@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nmt_cli.backends.cpu.training import cpu_kernels
+from nmt_cli.backends.cpu.training import training_kernel
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
 from nmt_cli.config import TrainConfig
 from nmt_cli.core.batching import Batch, collate, plan_epoch
 from nmt_cli.core.data import TokenStore
@@ -103,11 +105,15 @@ class Probe:
         precision: str,
     ) -> None:
         torch.manual_seed(0)
-        model = Transformer(cfg)
-        kernels = cpu_kernels(build=False)[0]  # as training's
-        kernels.apply_to(model)
+        kernel, no_kernel = training_kernel(build=False)  # as training's
+        target = Target(torch.device("cpu"), True, kernel=kernel, no_kernel=no_kernel)
+        operations = machine_plan(target).operations
         self.objective = TrainingObjective(
-            model, 0.1, PAD_ID, fused_projection=False, loss_sweep=kernels.loss_sweep
+            Transformer(cfg, operations),
+            0.1,
+            PAD_ID,
+            fused_projection=False,
+            loss_sweep=operations.loss_sweep,
         )
         self.whole = collate(src, tgt, indices)
         self.parts = [collate(src, tgt, indices[i::cores]) for i in range(cores)]

@@ -29,14 +29,17 @@ from pathlib import Path
 
 import torch
 
-from nmt_cli.backends.cpu.training import CpuKernels, cpu_kernels
+from nmt_cli.backends.cpu.training import training_kernel
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
 from nmt_cli.config import RecipeConfig
 from nmt_cli.core.batching import EpochPlan
 from nmt_cli.core.checkpoint import model_state
 from nmt_cli.core.flops import matmul_rate
+from nmt_cli.core.parameters import count_parameters
 from nmt_cli.core.precision import dtype_of, resolve_precision
 from nmt_cli.core.schedule import paper_adam, paper_learning_rate
-from nmt_cli.core.transformer import Transformer, count_parameters
+from nmt_cli.core.transformer import Transformer
 from nmt_cli.cpu_level import bf16_emulation_warning
 from nmt_cli.cpus import usable_cpus
 from nmt_cli.data_dir import PreparedData, open_data_dir
@@ -199,7 +202,7 @@ def _build_cpu_kernels(on_event: EventSink | None) -> str | None:
         if on_event is not None:
             on_event(Notice(text))
 
-    return cpu_kernels(on_compile)[1]
+    return training_kernel(on_compile)[1] or None
 
 
 class _Trainer:
@@ -239,10 +242,14 @@ class _Trainer:
         self.precision = resolve_precision(tc.precision, ctx.device, "train.precision")
         resume = plan.resume.take() if plan.resume is not None else None
         torch.manual_seed(tc.seed)
-        self.model = Transformer(self.cfg).to(ctx.device)
-        self.model.set_attention_backend(self.choices.attention_backend)
-        kernels = cpu_kernels(build=False)[0] if ctx.device.type == "cpu" else CpuKernels()
-        kernels.apply_to(self.model)  # train() built the module
+        # train() built the module; the ranks and the probe take it as it is
+        kernel, no_kernel = training_kernel(build=False) if ctx.device.type == "cpu" else (None, "")
+        target = Target(ctx.device, True, self.choices.attention_backend, kernel, no_kernel)
+        self.operations = machine_plan(target)
+        if ctx.is_main:
+            for line in self.operations.describe():
+                reporter.emit(Notice(f"plan: {line}", detail=True))
+        self.model = Transformer(self.cfg, self.operations.operations).to(ctx.device)
         if resume is not None:
             self.model.load_state_dict(resume.model)
         elif plan.init is not None:  # fine-tuning: its weights, a fresh optimizer and schedule
@@ -255,7 +262,7 @@ class _Trainer:
             self.model.parameters(), (tc.adam_beta1, tc.adam_beta2), tc.adam_eps
         )
         objective = training_objective(
-            self.model, tc.label_smoothing, self.choices, ctx, kernels.loss_sweep
+            self.model, tc.label_smoothing, self.choices, ctx, self.operations.operations.loss_sweep
         )
         self.updater = Updater(
             objective, self.optimizer, self.precision, ctx.device, tc.clip_norm, ctx.world
@@ -282,7 +289,7 @@ class _Trainer:
                 self.split,
                 multiple,
                 ctx,
-                kernels.loss_sweep,
+                self.operations.operations.loss_sweep,
             )
             if "valid" in self.data.splits
             else None

@@ -180,6 +180,7 @@ def translate_file(
     on_compile: Callable[[str], None] | None = None,
     on_fallback: Callable[[str], None] | None = None,
     progress: Callable[[int | None], AbstractContextManager[Progress]] | None = None,
+    on_plan: Callable[[str], None] | None = None,
 ) -> FileReport:
     """Translate `input` (None or `-`: stdin) into `output` (None or `-`: stdout), one line
     per line, as `nmt translate` does.
@@ -194,6 +195,9 @@ def translate_file(
         check_readable(input)
     check_output_path(output, inputs=[*models, input])
     translator = Translator.load(models, cfg, alignment_layer, on_compile, on_fallback)
+    if on_plan is not None:
+        for line in translator.plan:
+            on_plan(line)
     total = _line_count(input) if progress else None
     with contextlib.ExitStack() as stack:
         source = stack.enter_context(contextlib.closing(open_binary(input or "-")))

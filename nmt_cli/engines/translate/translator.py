@@ -14,7 +14,6 @@ never dropped.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -33,14 +32,11 @@ from nmt_cli.core.search import (
     Searchable,
     beam_search,
     greedy_search,
-    kept_slots,
 )
 from nmt_cli.core.vocab import UNK_ID, VocabPair
 from nmt_cli.engines.models import (
     ModelPaths,
-    beam_advance,
     build_decoder,
-    decoder_shape_free_rows,
     load_checkpoints,
 )
 from nmt_cli.engines.translate.alignment import format_alignment, hard_alignment
@@ -116,13 +112,8 @@ class Translator:
             CPU_BATCH_SENTENCES if on_cpu else GPU_BATCH_SENTENCES
         )
         self._pool: DecodePool | None = None
-        self.advance = beam_advance(cast(nn.Module, model))  # search's, with the step
-        # Finished sentences leave the batch at once where no product builds a kernel for
-        # the new shape (search.kept_slots); a model on a GPU: in fp32.
-        rows = decoder_shape_free_rows(cast(nn.Module, model))
-        if rows is None:
-            rows = math.inf if self.precision in ("fp32", "float32") else 0.0
-        self.bucket = kept_slots(rows, cfg.beam_size)
+        # How each operation runs, in words (the planner's and the backend's choices).
+        self.plan: list[str] = []
         self.aligner: CrossAttentionOf | None = None
         if alignment_layer is not None:
             layers = decoder_layers(model)
@@ -189,10 +180,12 @@ class Translator:
         names = list(names) if names is not None else [f"model {i + 1}" for i in range(len(ckpts))]
         device = resolve_device(cfg.device)
         precision = resolve_decode_precision(cfg.precision, device, "--precision")
-        model, vocab = build_decoder(
+        model, vocab, plan = build_decoder(
             ckpts, names, device, precision, cfg.compiled_step, on_compile, on_fallback
         )
-        return cls(model, vocab, cfg, workers, alignment_layer, precision, threads)
+        translator = cls(model, vocab, cfg, workers, alignment_layer, precision, threads)
+        translator.plan = plan
+        return translator
 
     @property
     def config(self) -> DecodeConfig:
@@ -295,14 +288,12 @@ class Translator:
             max_len_b=cfg.max_len_b,
             nbest=cfg.nbest if nbest is None else nbest,
             need_weights=view is not None,
-            advance=self.advance,
-            bucket=self.bucket,
         )
 
     def source_tensor(self, rows: list[list[int]]) -> Tensor:
         """Source ids -> (B, width) ids + EOS, right-padded, on the model's device."""
-        # Widths in steps of 8 (masked padding): few distinct shapes for oneDNN to build
-        # kernels for, as with the batch sizes in search.batch_bucket.
+        # Widths in steps of 8 (masked padding): few distinct shapes for kernels that
+        # are built per shape (as with the sentence slots a backend keeps).
         return pad_sources(rows, multiple=8).to(self.device)
 
     def start_workers(self) -> None:

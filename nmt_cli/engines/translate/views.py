@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from torch import Tensor
 
+from nmt_cli.core.beam_advance import Advance
 from nmt_cli.core.ensemble import Ensemble, Member, members
 from nmt_cli.errors import NmtError
 
@@ -90,6 +91,12 @@ class _View:
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Any:
         return self.model.encode(src, src_mask)
+
+    def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
+        return cast(Advance, self.model.advance(lprobs, cum, history, k))
+
+    def slots(self, open_sentences: int, beam: int) -> int:
+        return int(self.model.slots(open_sentences, beam))
 
     def decode_step(
         self,

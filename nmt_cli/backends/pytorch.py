@@ -1,7 +1,9 @@
-"""Which scaled dot-product attention kernels may run, by device, precision and mask.
+"""PyTorch's fused attention as a backend: which of its kernels may run, by device,
+precision and mask.
 
-The attention of section 3.2.1 is one call to `F.scaled_dot_product_attention`, and
-PyTorch picks a kernel for it. On recent NVIDIA GPUs it prefers cuDNN's, which builds a
+`fused_attention_under(policy)` is the attention of section 3.2.1 as one call to
+`F.scaled_dot_product_attention`, with PyTorch's choice of kernel narrowed by `policy`
+on a GPU. On recent NVIDIA GPUs it prefers cuDNN's, which builds a
 new execution graph for every new (batch, length) shape. Batches grouped by length
 (section 5.1) make nearly every batch a new shape, so training on one H200 spent ~8 ms
 of host time per attention call building graphs while the GPU idled. FlashAttention-2
@@ -11,10 +13,10 @@ memory-efficient kernel takes every mask (the source key-padding mask) and fp32.
 math kernel stays last, for shapes neither supports (head widths not a multiple of 8,
 d_k != d_v in flash), so no model of Table 3 fails.
 
-On a CPU PyTorch's own choice stands: CPU training and single-query decoding do not call
-SDPA at all (the written-out form is faster there, see `transformer.py`), except
-restricted self-attention's blocks (`local_attention.py`), where the fused kernel keeps
-the cost linear in the length.
+On a CPU PyTorch's own choice stands; the planner (backends/plan.py) gives CPU training
+the reference or the compiled kernel instead, the fused kernel's backward pass being
+the slower there, except for restricted attention's blocks (core/local_attention.py),
+where the fused kernel keeps the memory linear in the length.
 
 The policy names load without torch (the recipe's settings check them); the functions
 that need torch import it when called.
@@ -27,7 +29,11 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
     from torch.nn.attention import SDPBackend
+
+    from nmt_cli.backends.plan import Implementation, Target
+    from nmt_cli.core.attention import Attention
 
 AttentionBackend = Literal["auto", "flash", "efficient", "cudnn", "math"]
 MaskKind = Literal["none", "causal", "padding"]
@@ -86,3 +92,46 @@ def backend_scope(backends: list[SDPBackend] | None) -> contextlib.AbstractConte
     from torch.nn.attention import sdpa_kernel
 
     return sdpa_kernel(backends)
+
+
+def fused_attention_under(policy: AttentionBackend) -> Attention:
+    """PyTorch's fused attention, its kernels chosen among those `policy` allows for each
+    call's device, dtype and mask (`sdpa_backends`)."""
+    from nmt_cli.core.attention import fused_attention
+
+    check_policy(policy)
+
+    def attend(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        allowed = sdpa_backends(policy, q.device.type, q.dtype, mask_kind(mask, causal))
+        with backend_scope(allowed):
+            return fused_attention(q, k, v, mask, causal, dropout_p)
+
+    return attend
+
+
+def implementations() -> list[Implementation]:
+    """What this backend runs: attention (sequences and blocks) by the fused kernels,
+    dropout by PyTorch's own on a GPU."""
+    from nmt_cli.backends.plan import Implementation
+
+    def attention_refuses(target: Target) -> str | None:
+        cpu_training = target.training and target.device.type == "cpu"
+        return "its backward pass is the slower on a CPU" if cpu_training else None
+
+    def fused(target: Target) -> Attention:
+        return fused_attention_under(target.attention_backend)
+
+    return [
+        Implementation("attention", "PyTorch's fused kernels", attention_refuses, fused),
+        Implementation("blocks", "PyTorch's fused kernels", lambda target: None, fused),
+        Implementation(
+            "keep_mask", "PyTorch's dropout", lambda target: None, lambda target: None, "cuda"
+        ),
+    ]

@@ -1,0 +1,114 @@
+"""Scaled dot-product attention (section 3.2.1), written once: the reference.
+
+softmax(QK^T / sqrt(d_k) + mask) V over (B, h, L, d) heads. Every form the model uses
+is this arithmetic: whole sequences in training and encoding (full, causal, with a
+padding mask), one query against a decoding cache (core/cache.py), and the weights for
+pictures and alignments. Faster implementations (PyTorch's fused kernels, a backend's
+compiled one) take its place through the plan (core/operations.py) and are tested
+against it; only the band of restricted attention (core/local_attention.py) is written
+separately, because its blocks change what is computed, not how fast.
+
+Rows x heads are folded into one batch dimension so the two products are plain batched
+products (`bmm`, free views of a contiguous decoding cache), and a mask enters as an
+additive bias of 0 and -inf in the first product itself (`baddbmm`): adding 0 or -inf is
+exact, so this equals masking the scores afterwards, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class Attention(Protocol):
+    """An implementation of this arithmetic: q (B, h, L, d_k), k (B, h, S, d_k),
+    v (B, h, S, d_v) -> the context (B, h, L, d_v), differentiable. `mask` broadcasts to
+    the scores (B, h, L, S): boolean, True where a key may be attended, or an additive
+    float bias; `causal` hides key j from query i when j > i + S - L."""
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor: ...
+
+
+def attention_with_weights(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """(context (B, h, L, d_v), weights (B, h, L, S) in v's dtype); the softmax in at
+    least float32. Dropout (training) applies to the weights the context is made from,
+    not to the weights returned."""
+    b, h, length, d_k = q.shape
+    keys = k.size(2)
+    bias = _bias(mask, causal, (b, h, length, keys), q)
+    queries = q.reshape(b * h, length, d_k)
+    keys_t = k.reshape(b * h, keys, d_k).transpose(1, 2)
+    scale = 1.0 / math.sqrt(d_k)
+    if bias is None:
+        scores = torch.bmm(queries, keys_t).mul_(scale)
+    else:
+        scores = torch.baddbmm(bias, queries, keys_t, alpha=scale)
+    weights = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.to(v.dtype)
+    dropped = F.dropout(weights, dropout_p, True) if dropout_p > 0.0 else weights
+    ctx = torch.bmm(dropped, v.reshape(b * h, keys, v.size(-1)))
+    return ctx.view(b, h, length, -1), weights.view(b, h, length, keys)
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The reference `Attention`: the context alone."""
+    return attention_with_weights(q, k, v, mask, causal, dropout_p)[0]
+
+
+def _bias(
+    mask: Tensor | None, causal: bool, shape: tuple[int, int, int, int], like: Tensor
+) -> Tensor | None:
+    """The mask and the causal rule as one additive (B * h, L, S) bias, or None."""
+    if mask is None and not causal:
+        return None
+    b, h, length, keys = shape
+    bias = torch.zeros((), dtype=like.dtype, device=like.device)
+    if mask is not None and mask.is_floating_point():
+        bias = mask.to(like.dtype)
+    elif mask is not None:
+        bias = torch.zeros(mask.shape, dtype=like.dtype, device=like.device)
+        bias.masked_fill_(~mask, -math.inf)
+    if causal:
+        future = torch.ones(length, keys, dtype=torch.bool, device=like.device)
+        causal_bias = torch.zeros(length, keys, dtype=like.dtype, device=like.device)
+        bias = bias + causal_bias.masked_fill_(future.triu(keys - length + 1), -math.inf)
+    return bias.expand(b, h, length, keys).reshape(b * h, length, keys)
+
+
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The same arithmetic as one call of PyTorch's `scaled_dot_product_attention`,
+    whose kernel PyTorch chooses (a backend may narrow the choice)."""
+    return F.scaled_dot_product_attention(q, k, v, mask, dropout_p, causal)
