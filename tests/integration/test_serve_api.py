@@ -152,13 +152,20 @@ def test_concurrent_clients_get_their_own_sentences_in_order_decoded_together(
     server: ServeProcess, expected: dict[str, str]
 ) -> None:
     """32 clients at once, 1-3 sentences each, queued while both decoding lanes hold a
-    one-sentence batch (their workers paused), so that they are then gathered and
-    decoded together: in two batches or three, never one by one."""
+    one-sentence batch (their workers paused): each client gets its own sentences back in
+    its order, every sentence is decoded once, and they are decoded together, the first
+    lane to come free taking half of them (however the lanes' ends interleave)."""
     pool = sentences(40, seed=11)
     requests = [[pool[(3 * i + k) % len(pool)] for k in range(1 + i % 3)] for i in range(32)]
     replies: dict[int, Reply] = {}
-    batches_before = server.metric('nmt_batch_sentences_count{pair="en-de"}')
-    small_before = server.metric('nmt_batch_sentences_bucket{pair="en-de",le="2"}')
+    pair = '{pair="en-de"}'
+    names = [
+        f"nmt_sentences_total{pair}",
+        f"nmt_batch_sentences_count{pair}",
+        'nmt_batch_sentences_bucket{pair="en-de",le="16"}',
+        'nmt_batch_sentences_bucket{pair="en-de",le="32"}',
+    ]
+    before = {name: server.metric(name) for name in names}
 
     def client(i: int, lines: list[str]) -> None:
         replies[i] = server.post("/v1/translate", {"text": lines})
@@ -181,13 +188,15 @@ def test_concurrent_clients_get_their_own_sentences_in_order_decoded_together(
         assert [t["text"] for t in replies[i].json()["translations"]] == [
             expected[s] for s in lines
         ]
-    # the blockers' batches (a sentence each), then everyone else's 63 sentences: each
-    # lane that comes free takes an even share of what waits and what the other decodes,
-    # in whole requests, so two batches of about 32, and maybe a few sentences left over
-    # for a third, depending on which lane's blocker ends first
-    batches = server.metric('nmt_batch_sentences_count{pair="en-de"}') - batches_before
-    small = server.metric('nmt_batch_sentences_bucket{pair="en-de",le="2"}') - small_before
-    assert batches in (4, 5) and small in (2, 3)
+    for k, line in ((1, "the cat"), (2, "a dog")):
+        assert replies[-k].status == 200 and replies[-k].json()["translations"][0]["source"] == line
+    sent, batches, upto16, upto32 = (server.metric(name) - before[name] for name in names)
+    assert sent == 2 + sum(map(len, requests))  # each sentence decoded once
+    # the blockers' batches, then the first lane to come free takes an even share of the
+    # 63 waiting and the other lane's 1 (or 0): whole requests up to 32, so 30 to 32; what
+    # follows depends on which lane ends first, but 63 sentences need two batches more
+    assert upto32 - upto16 >= 1 and batches >= 4
+    assert server.metric('nmt_queue_sentences{pair="en-de"}') == 0
 
 
 def test_native_api_gives_attention_for_one_sentence_and_checks_its_fields(

@@ -1,25 +1,30 @@
 """Batching across requests: one queue per model, and its decoding lanes.
 
 A request's sentences go on the model's queue as one `Job` with its decoding options, its
-deadline and a future. A lane (a thread; one per worker process of the model) that has
-just answered n sentences waits up to `return_s` for n more to have come since (the
-clients it answered send their next ones within milliseconds; without the wait those
-queued for the next free lane: at 64 closed-loop clients a third of them always waited,
-and the lanes decoded batches of 21 instead of 31). Any other lane takes the first job
-and waits up to `gather_s` for more (or until `max_batch` sentences wait) while another
-lane is decoding (with every lane idle the load is light, and it takes the job at once).
-Neither wait takes longer than 3% of the time the lane's last batch took to decode. It
-then takes jobs in arrival order up to its share (an even split among all lanes of what
-waits and what the other lanes are decoding, at most `max_batch`), and decodes those that
-share options together: one call of `decode` with all their sentences, which sorts them by
-length into a batch as `nmt translate` does. Each job's future then gets its own results,
-in its own order. The lanes work side by side: while one lane's batch decodes on one
-core, the next requests gather for the next free lane, so under load every core decodes a
-batch of about an even share of the clients, with no lane waiting for another's
-straggler. (A lane that took everything that waited, while another was about to finish a
-small batch, kept one lane on large batches and the other cycling through small ones for
-as long as the load lasted: at 64 clients, batches of 52 beside batches of 12.) The event
-loop never decodes: it only puts jobs on the queue and awaits their futures.
+deadline and a future. A lane (a thread; one per worker process of the model) takes the
+next batch from the queue, decodes it and answers each job; the event loop never decodes:
+it only puts jobs on the queue and awaits their futures.
+
+When a lane goes, and what it takes, is the batching rule: the pure functions below
+(`plan_wait`, `wait_left`, `lane_share`, `take`) of the queue's counts and of clock
+readings, so that the rule can be checked case by case, without threads or time, and the
+lanes only apply it. A lane that has just answered n sentences waits up to `return_s` for
+n more to have come since: the clients it answered send their next sentences within
+milliseconds, and without the wait those would queue for the next free lane. Any other
+lane waits up to `gather_s` after the first job came (or until `max_batch` sentences
+wait), but only while another lane is decoding: with every lane idle the load is light,
+and a window would only hold a lone request back. Neither wait lasts longer than a small
+share of the time the lane's last batch took, where waiting for a fuller batch costs more
+than it brings. The lane then takes jobs in arrival order up to its share (an even split
+among all lanes of what waits and what the other lanes are decoding, at most
+`max_batch`): a lane that took everything that waited while the other was about to finish
+a small batch would keep one lane on large batches and the other on small ones for as
+long as the load lasted. Jobs that share options decode together: one call of `decode`
+with all their sentences, which sorts them by length into a batch as `nmt translate`
+does, and each job's future gets its own results, in its own order. While one lane's
+batch decodes on one core, the next requests gather for the next free lane, so under load
+every core decodes a batch of about an even share of the clients, with no lane waiting
+for another's straggler.
 
 Memory stays bounded: the queue holds at most `queue_sentences` sentences (a request that
 would pass it is refused with `QueueFull` at once, never parked), a job whose deadline has
@@ -33,9 +38,10 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from nmt_cli.engines.serve.metrics import Metrics
@@ -61,8 +67,8 @@ class Options:
 class Job:
     sentences: list[str]
     options: Options
-    deadline: float  # time.monotonic() after which its answer is no longer wanted
-    arrived: float = field(default_factory=time.monotonic)
+    deadline: float  # the lanes' clock reading after which its answer is no longer wanted
+    arrived: float  # the lanes' clock reading when it was queued
     future: Future[list[Translation]] = field(default_factory=Future)
 
 
@@ -82,14 +88,148 @@ Decode = Callable[[list[str], Options], "list[Translation]"]
 
 # A lane gathers, and waits for the clients it answered, at most this share of its last
 # batch's decoding time (and at most `gather_s`, `return_s`): waiting is worth a fuller
-# batch where decoding is slow per sentence (fp32: ~1 s batches, 30 ms), but not where it
-# is fast (bf16: batches of ~0.3 s, whose size matters less, where a flat 30 ms left the
-# workers idle 10% of the time at 64 clients).
+# batch where decoding is slow per sentence, but where it is fast a flat wait leaves the
+# workers idle for a batch whose size matters less.
 WAIT_SHARE = 0.03
 
 
+# --- the batching rule: pure functions of the queue's counts and clock readings ---------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a model's lanes batch: at most `max_batch` sentences a batch, a gather window
+    of `gather_s`, a wait of `return_s` for the clients a lane answered, neither longer
+    than `wait_share` of the lane's last batch's decoding time; `lanes` lanes."""
+
+    max_batch: int
+    gather_s: float
+    return_s: float = 0.0
+    wait_share: float = WAIT_SHARE
+    lanes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.lanes < 1 or self.max_batch < 1:
+            raise ValueError(f"a batcher needs a lane and a batch: {self}")
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The queue's counts as a lane reads them under the lock."""
+
+    jobs: int  # jobs waiting
+    queued: int  # their sentences
+    arrived: int  # sentences ever queued
+    decoding: int  # sentences the lanes took and have not answered yet
+
+
+@dataclass(frozen=True)
+class LastBatch:
+    """What a lane knows of the batch it answered last (none yet: the defaults)."""
+
+    answered: int = 0  # its sentences: their clients may be sending their next ones
+    mark: int = 0  # sentences ever queued when the lane answered them
+    took_s: float | None = None  # how long it took to decode
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A lane's wait, fixed when it finds work: it ends at `until` (a clock reading), or
+    sooner once a full batch waits, and once `want` sentences have ever been queued (the
+    return wait) or, for a gather window (`want` None), once the queue is empty."""
+
+    until: float
+    want: int | None = None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A queued job as the rule sees it."""
+
+    sentences: int
+    deadline: float
+    cancelled: bool = False
+
+
+class Fate(Enum):
+    """What becomes of a job a lane takes off the queue."""
+
+    DECODE = "decode"
+    EXPIRED = "expired"  # its deadline passed: answered DeadlineExceeded
+    CANCELLED = "cancelled"  # its client cancelled it: nothing to answer
+
+
+def plan_wait(rule: Rule, last: LastBatch, backlog: Backlog, first: float, now: float) -> Wait:
+    """The wait of a lane that has just found work (`first`: when the oldest job came)."""
+    cap = math.inf if last.took_s is None else rule.wait_share * last.took_s
+    return_s = min(rule.return_s, cap)
+    if last.answered and return_s > 0:
+        # Counted from the answers, not from now: the clients already back when the lane
+        # looks are among the n, and counting them again would make it wait to the end.
+        # Knowing how many to expect, it needs no gather window.
+        return Wait(now + return_s, last.mark + last.answered)
+    # With no lane decoding, the load is light: a window would only hold the request back
+    # (a lone client's sentence by the whole window), and what arrives next goes to the
+    # other lanes or queues behind this batch.
+    gather_s = min(rule.gather_s, cap) if backlog.decoding else 0.0
+    return Wait(first + gather_s, None)
+
+
+def wait_left(rule: Rule, wait: Wait, backlog: Backlog, now: float) -> float:
+    """Seconds the lane goes on waiting for the queue to change; 0.0: take a share now."""
+    back = wait.want is not None and backlog.arrived >= wait.want
+    gone = wait.want is None and not backlog.jobs  # withdrawn: nothing left to gather for
+    if back or gone or backlog.queued >= rule.max_batch or now >= wait.until:
+        return 0.0
+    return wait.until - now
+
+
+def lane_share(rule: Rule, backlog: Backlog) -> int:
+    """The sentences a lane takes at most: an even share for every lane of all the work
+    there is, waiting and being decoded, and at most a full batch."""
+    return min(rule.max_batch, math.ceil((backlog.queued + backlog.decoding) / rule.lanes))
+
+
+def take(queue: Iterable[Waiting], share: int, now: float) -> list[Fate]:
+    """The fates of the jobs that leave the queue, from its head, for a lane's batch of at
+    most `share` sentences: jobs in arrival order while they fit (the first job to decode
+    goes however large: a request is never split); a job past its deadline at `now`, or
+    cancelled, leaves the queue without counting. Reads `queue` only as far as it takes."""
+    fates: list[Fate] = []
+    decoded = sentences = 0
+    for job in queue:
+        if decoded and sentences + job.sentences > share:
+            break
+        if job.deadline <= now:
+            fates.append(Fate.EXPIRED)
+        elif job.cancelled:
+            fates.append(Fate.CANCELLED)
+        else:
+            fates.append(Fate.DECODE)
+            decoded, sentences = decoded + 1, sentences + job.sentences
+    return fates
+
+
+# --- the queue and its lanes --------------------------------------------------------------
+
+
+class Clock:
+    """The lanes' time: `now()` in seconds, and `wait`, which releases the queue's lock
+    until the queue changes or `timeout` seconds pass (None: until it changes). One
+    object, so that a test can give the lanes a time that moves only when it says."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
+        cond.wait(timeout)
+
+
+MONOTONIC = Clock()
+
+
 class Batcher:
-    """A model's queue and the thread that decodes it (see the module's docstring)."""
+    """A model's queue and the lanes that decode it (see the module's docstring)."""
 
     def __init__(
         self,
@@ -97,15 +237,11 @@ class Batcher:
         decode: Decode,
         metrics: Metrics,
         queue_sentences: int,
-        max_batch: int,
-        gather_s: float,
-        lanes: int = 1,
-        return_s: float = 0.0,
-        wait_share: float = WAIT_SHARE,
+        rule: Rule,
+        clock: Clock = MONOTONIC,
     ) -> None:
         self.pair, self.decode, self.metrics = pair, decode, metrics
-        self.limit, self.max_batch, self.gather_s = queue_sentences, max_batch, gather_s
-        self.return_s, self.wait_share = return_s, wait_share
+        self.limit, self.rule, self.clock = queue_sentences, rule, clock
         self._jobs: deque[Job] = deque()
         self._queued = 0  # sentences in _jobs
         self._arrived = 0  # sentences ever queued
@@ -114,7 +250,7 @@ class Batcher:
         self._stopping = False
         self._threads = [
             threading.Thread(target=self._run, name=f"nmt-serve-{pair}-{i}", daemon=True)
-            for i in range(max(1, lanes))
+            for i in range(rule.lanes)
         ]
 
     @property
@@ -140,7 +276,7 @@ class Batcher:
             if job.future.set_running_or_notify_cancel():
                 job.future.set_exception(Stopping())
             self.metrics.dropped(self.pair, "stopping", len(job.sentences))
-        until = time.monotonic() + wait_s
+        until = time.monotonic() + wait_s  # real time: it bounds the threads' joins
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(max(0.0, until - time.monotonic()))
@@ -153,7 +289,8 @@ class Batcher:
                 raise Stopping()
             if self._queued + len(sentences) > self.limit:
                 raise QueueFull()
-            job = Job(sentences, options, time.monotonic() + timeout_s)
+            now = self.clock.now()
+            job = Job(sentences, options, now + timeout_s, now)
             self._jobs.append(job)
             self._queued += len(sentences)
             self._arrived += len(sentences)
@@ -174,22 +311,20 @@ class Batcher:
         return True
 
     def _run(self) -> None:
-        answered = 0  # sentences of this lane's last batch: their clients may send more
-        mark = 0  # sentences ever queued when this lane answered that batch
-        took_s: float | None = None  # how long that batch took to decode
-        while (jobs := self._take(answered, mark, took_s)) is not None:
+        last = LastBatch()
+        while (jobs := self._take(last)) is not None:
             answered = sum(len(job.sentences) for job in jobs)
             groups: dict[Options, list[Job]] = {}
             for job in jobs:
                 groups.setdefault(job.options, []).append(job)
-            started = time.monotonic()
+            started = self.clock.now()
             try:
                 answers = [a for opts, group in groups.items() for a in self._decode(opts, group)]
             finally:
                 self._count_decoding(-answered)
-            took_s = time.monotonic() - started
+            took_s = self.clock.now() - started
             with self._cond:  # before any of its clients can have sent again
-                mark = self._arrived
+                last = LastBatch(answered, self._arrived, took_s)
             for future, outcome in answers:
                 if isinstance(outcome, Exception):
                     future.set_exception(outcome)
@@ -203,80 +338,49 @@ class Batcher:
             self._decoding += change
             self.metrics.decoding(self.pair, change)
 
-    def _take(self, answered: int, mark: int, took_s: float | None) -> list[Job] | None:
+    def _take(self, last: LastBatch) -> list[Job] | None:
         """A lane's next jobs (possibly none: they had expired, or other free lanes took
         them); None: stop."""
         with self._cond:
-            taken, expired = self._gather(answered, mark, took_s)
+            taken, expired = self._gather(last)
         for job in expired:
             if job.future.set_running_or_notify_cancel():  # False: its client cancelled it
                 job.future.set_exception(DeadlineExceeded())
             self.metrics.dropped(self.pair, "timeout", len(job.sentences))
         return taken
 
-    def _gather(
-        self, answered: int, mark: int, took_s: float | None
-    ) -> tuple[list[Job] | None, list[Job]]:
-        """Under the lock, as a free lane: wait for work, then for the clients it answered
-        (or the gather window), then take this lane's share in arrival order; also the
-        jobs found past their deadline."""
+    def _backlog(self) -> Backlog:
+        return Backlog(len(self._jobs), self._queued, self._arrived, self._decoding)
+
+    def _gather(self, last: LastBatch) -> tuple[list[Job] | None, list[Job]]:
+        """Under the lock, as a free lane: wait for work, then as the rule says, then take
+        this lane's share; also the jobs found past their deadline."""
         while not self._jobs and not self._stopping:
-            self._cond.wait()
+            self.clock.wait(self._cond, None)
         if self._stopping:
             return None, []
-        # Neither wait costs more than a small share of what the lane's last batch took.
-        cap = math.inf if took_s is None else self.wait_share * took_s
-        wait_s = min(self.return_s, cap)
-        if answered and wait_s > 0:
-            # The clients this lane just answered are sending their next sentences: wait
-            # until as many sentences have come since it answered (or a full batch
-            # waits), or they queue until the next lane frees. This takes the place of
-            # the gather window, which held the batch a fixed time after the first of
-            # them came (64 clients: all back ~9 ms after the answers, the window ending
-            # at ~11 ms). Counted from the answers, not from now: that counted the
-            # returned clients twice and always waited the whole wait (24 ms a batch).
-            want = mark + answered
-            self._wait_while(
-                lambda: self._arrived < want and self._queued < self.max_batch,
-                time.monotonic() + wait_s,
-            )
-        else:
-            # With no lane decoding, the load is light: a gather window would only hold
-            # the request back (a lone client's sentence by the whole window), and what
-            # arrives next goes to the other lanes or queues behind this batch.
-            gather_s = min(self.gather_s, cap) if self._decoding else 0.0
-            gathered = self._jobs[0].arrived + gather_s
-            self._wait_while(lambda: bool(self._jobs) and self._queued < self.max_batch, gathered)
-        # An even share of all the work there is, waiting and being decoded, for every
-        # lane: a lane that took everything that waited while the other was nearly done
-        # would keep a large batch, the other small ones, for as long as the load lasts.
-        share = math.ceil((self._queued + self._decoding) / len(self._threads))
-        share = min(self.max_batch, share)
-        now, sentences = time.monotonic(), 0
+        wait = plan_wait(self.rule, last, self._backlog(), self._jobs[0].arrived, self.clock.now())
+        while not self._stopping:
+            left = wait_left(self.rule, wait, self._backlog(), self.clock.now())
+            if left <= 0:
+                break
+            self.clock.wait(self._cond, left)
+        fates = take(
+            (Waiting(len(j.sentences), j.deadline, j.future.cancelled()) for j in self._jobs),
+            lane_share(self.rule, self._backlog()),
+            self.clock.now(),
+        )
         taken: list[Job] = []
         expired: list[Job] = []
-        while self._jobs:
-            job = self._jobs[0]
-            if taken and sentences + len(job.sentences) > share:
-                break
-            self._jobs.popleft()
+        for fate in fates:
+            job = self._jobs.popleft()
             self._queued -= len(job.sentences)
-            if job.deadline <= now:
+            if fate is Fate.EXPIRED:
                 expired.append(job)
-            elif job.future.set_running_or_notify_cancel():  # False: cancelled
+            elif fate is Fate.DECODE and job.future.set_running_or_notify_cancel():
                 taken.append(job)
-                sentences += len(job.sentences)
-        self._count_decoding(sentences)  # the condition's lock is reentrant
+        self._count_decoding(sum(len(job.sentences) for job in taken))  # a reentrant lock
         return taken, expired
-
-    def _wait_while(self, condition: Callable[[], bool], until: float) -> None:
-        """Under the lock: wait for changes while `condition` holds, until `until`
-        (time.monotonic()) or a stop."""
-        while condition() and not self._stopping:
-            left = until - time.monotonic()
-            if left <= 0:
-                return
-            self._cond.wait(left)
 
     def _decode(self, options: Options, jobs: list[Job]) -> list[Answer]:
         """Each job's future and what it is to get: its own results, or the decoding's

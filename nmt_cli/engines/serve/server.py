@@ -63,9 +63,9 @@ def serve(
     loaded = load_models(
         models, pairs, decode, alignment_layer, config, metrics, on_compile, on_fallback
     )
-    # The models' ~200,000 Python objects live as long as the server: moved out of the
-    # collector's reach, a full collection no longer walks them (140 ms pauses of the
-    # event loop, every 20 s or so under load, became 3-5 ms).
+    # The models' Python objects (hundreds of thousands) live as long as the server: moved
+    # out of the collector's reach, a full collection no longer walks them, and no longer
+    # pauses the event loop, and every request in flight, for as long as that takes.
     gc.collect()
     gc.freeze()
     try:

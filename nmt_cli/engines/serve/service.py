@@ -26,7 +26,7 @@ from pathlib import Path
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint
-from nmt_cli.engines.serve.batcher import Batcher, Options
+from nmt_cli.engines.serve.batcher import Batcher, Options, Rule
 from nmt_cli.engines.serve.metrics import Metrics
 from nmt_cli.engines.serve.settings import ServeConfig
 from nmt_cli.engines.translate.loading import set_threads
@@ -79,16 +79,13 @@ class Model:
         self.defaults = Options(translator.cfg.beam_size, translator.cfg.nbest)
         # A lane's batch: `nmt translate`'s, unless told otherwise.
         self.max_batch = config.max_batch or translator.batch_sentences
-        self.batcher = Batcher(
-            str(pair),
-            self.decode,
-            metrics,
-            config.queue_sentences,
+        rule = Rule(
             self.max_batch,
             config.gather_ms / 1000,
+            config.return_ms / 1000,
             lanes=translator.workers,
-            return_s=config.return_ms / 1000,
         )
+        self.batcher = Batcher(str(pair), self.decode, metrics, config.queue_sentences, rule)
         self._variants: OrderedDict[Options, Translator] = OrderedDict()
         self._in_process = threading.Lock()  # variants decode here, one batch at a time
 
