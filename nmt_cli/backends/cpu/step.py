@@ -12,7 +12,7 @@ to the model's weights and their packed forms, not copies.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,7 @@ from nmt_cli.backends.cpu.contract import (
 from nmt_cli.backends.cpu.linear import Int8Linear, PackedLinear
 from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.core.cache import DecoderCache
+from nmt_cli.core.layer_map import DECODER
 from nmt_cli.core.norm import LayerNorm
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
@@ -52,8 +53,25 @@ def linear_spec(layer: nn.Module) -> LinearSpec:
     raise TypeError(f"no compiled form of {type(layer).__name__}")
 
 
-def _norm(norm: LayerNorm) -> NormSpec:
-    return NormSpec(norm.weight, norm.bias)
+# LayerSpec's name of each decoder sublayer's linear layers: `{prefix}_{linear}`, as in
+# self_qkv.
+_PREFIXES = {"self_attn": "self", "cross_attn": "cross", "ffn": "ffn"}
+_CACHED = "cross_kv"  # the cache holds its keys and values (Transformer.cache_memory)
+
+
+def _layer_spec(model: Transformer, index: int) -> LayerSpec:
+    """Decoder layer `index` as the C++ step reads it: the layer map's roles, by name."""
+    fields: dict[str, Any] = {}  # LayerSpec's fields, each a LinearSpec or a NormSpec
+    for role in DECODER.roles(index):
+        module = model.get_submodule(role.name)
+        if role.linear is None:
+            norm = cast(LayerNorm, module)
+            fields[role.sublayer.norm] = NormSpec(norm.weight, norm.bias)
+            continue
+        field = f"{_PREFIXES[role.sublayer.module]}_{role.linear.name}"
+        if field != _CACHED:
+            fields[field] = linear_spec(module)
+    return LayerSpec(**fields)
 
 
 def step_spec(
@@ -63,22 +81,7 @@ def step_spec(
     output projection (None: the tied embedding matrix as it is)."""
     embed = model.tgt_embed
     positions = embed.learned.weight if embed.learned is not None else embed.get_buffer("table")
-    decoder = [cast(DecoderLayer, layer) for layer in model.decoder]
-    layers = [
-        LayerSpec(
-            self_qkv=linear_spec(d.self_attn.qkv),
-            self_out=linear_spec(d.self_attn.out),
-            cross_q=linear_spec(d.cross_attn.q),
-            cross_out=linear_spec(d.cross_attn.out),
-            ffn_w1=linear_spec(d.ffn.w1),
-            ffn_w2=linear_spec(d.ffn.w2),
-            norm1=_norm(d.norm1),
-            norm2=_norm(d.norm2),
-            norm3=_norm(d.norm3),
-        )
-        for d in decoder
-    ]
-    first = decoder[0]
+    first = cast(DecoderLayer, model.decoder[0])
     return StepSpec(
         heads=first.self_attn.h,
         d_k=first.self_attn.d_k,
@@ -93,7 +96,7 @@ def step_spec(
             else PlainLinearSpec(model.output_weight, model.output_bias)
         ),
         module_log_softmax=module_log_softmax,
-        layers=layers,
+        layers=[_layer_spec(model, index) for index in range(len(model.decoder))],
     )
 
 

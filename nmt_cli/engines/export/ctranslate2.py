@@ -38,6 +38,7 @@ path CTranslate2's own converters take; no binary is written by hand. How each p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +46,18 @@ import numpy as np
 from torch import Tensor
 
 from nmt_cli.core.checkpoint import Checkpoint
+from nmt_cli.core.layer_map import DECODER, KINDS, OUTPUT_BIAS, STACKS, Stack, roles
 from nmt_cli.core.transformer import ModelConfig, sinusoidal_positions
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, UNK_ID
 from nmt_cli.engines.export.output import all_pieces, write_sentencepiece
 from nmt_cli.errors import NmtError, UsageError
 from nmt_cli.optional import require
 
+# CTranslate2's name of each sublayer in its layer spec. An attention's linear layers are
+# its `linear` list in our order (self-attention [qkv, out], cross-attention [q, kv, out],
+# our fused rows its layout), the feed-forward's are linear_0 and linear_1.
+_SUBLAYERS = {"self_attn": "self_attention", "cross_attn": "attention", "ffn": "ffn"}
+_NORM = ("gamma", "beta")  # a LayerNorm spec's weight and bias
 # model.activation -> CTranslate2's Activation (its GELU is the exact, erf, form).
 _ACTIVATIONS = {"relu": "RELU", "silu": "SWISH", "gelu": "GELU"}
 QUANTIZATIONS = (
@@ -112,24 +119,26 @@ def build_spec(ckpt: Checkpoint) -> Any:
         pre_norm=cfg.pre_norm,
         activation=getattr(specs.common_spec.Activation, _ACTIVATIONS[cfg.activation]),
     )
-    positions = _positions(ckpt)
-    _set_embedding_side(spec.encoder, weights["src_embed.tokens.weight"], positions["src"])
-    _set_embedding_side(spec.decoder, weights["tgt_embed.tokens.weight"], positions["tgt"])
-    spec.decoder.projection.weight = _np(weights["tgt_embed.tokens.weight"])
+    for stack in STACKS:
+        side = getattr(spec, stack.side)
+        side.scale_embeddings = True
+        side.position_encodings.encodings = _positions(ckpt, stack)
+        embeddings = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
+        embeddings.weight = _np(weights[stack.tokens])
+        if cfg.pre_norm:
+            _set(side.layer_norm, weights, stack.final_norm, _NORM)
+    spec.decoder.projection.weight = _np(weights[DECODER.tokens])
     if cfg.output_bias:
-        spec.decoder.projection.bias = _np(weights["output_bias"])
-    for i, layer in enumerate(spec.encoder.layer):
-        p = f"encoder.{i}."
-        _set_attention(layer.self_attention, weights, p + "self_attn.", ["qkv"], p + "norm1")
-        _set_ffn(layer.ffn, weights, p + "ffn.", p + "norm2")
-    for i, layer in enumerate(spec.decoder.layer):
-        p = f"decoder.{i}."
-        _set_attention(layer.self_attention, weights, p + "self_attn.", ["qkv"], p + "norm1")
-        _set_attention(layer.attention, weights, p + "cross_attn.", ["q", "kv"], p + "norm2")
-        _set_ffn(layer.ffn, weights, p + "ffn.", p + "norm3")
-    if cfg.pre_norm:
-        _set_norm(spec.encoder.layer_norm, weights, "encoder_norm")
-        _set_norm(spec.decoder.layer_norm, weights, "decoder_norm")
+        spec.decoder.projection.bias = _np(weights[OUTPUT_BIAS])
+    for role in roles(cfg):
+        layer = getattr(spec, role.stack.side).layer[role.index]
+        module = role.sublayer.module
+        sublayer = getattr(layer, _SUBLAYERS[module])
+        if role.linear is None:
+            _set(sublayer.layer_norm, weights, role.name, _NORM)
+        else:
+            linears = [sublayer.linear_0, sublayer.linear_1] if module == "ffn" else sublayer.linear
+            _set(linears[role.sublayer.linears.index(role.linear)], weights, role.name, KINDS)
 
     src_pieces, tgt_pieces = all_pieces(ckpt.vocab.src), all_pieces(ckpt.vocab.tgt)
     spec.register_source_vocabulary(src_pieces)
@@ -164,43 +173,17 @@ def export_ctranslate2(ckpt: Checkpoint, out_dir: Path, quantization: str) -> li
     return sorted(p.name for p in out_dir.iterdir())
 
 
-def _positions(ckpt: Checkpoint) -> dict[str, np.ndarray]:
+def _positions(ckpt: Checkpoint, stack: Stack) -> np.ndarray:
     cfg = ckpt.model_config
     if cfg.positions == "learned":
-        return {side: _np(ckpt.model[f"{side}_embed.learned.weight"]) for side in ("src", "tgt")}
-    table = sinusoidal_positions(cfg.max_positions, cfg.d_model).numpy()
-    return {"src": table, "tgt": table}
+        return _np(ckpt.model[stack.positions])
+    return sinusoidal_positions(cfg.max_positions, cfg.d_model).numpy()
 
 
-def _set_embedding_side(side: Any, tokens: Tensor, positions: np.ndarray) -> None:
-    embeddings = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
-    embeddings.weight = _np(tokens)
-    side.scale_embeddings = True
-    side.position_encodings.encodings = positions
-
-
-def _set_attention(
-    spec: Any, weights: dict[str, Tensor], prefix: str, inputs: list[str], norm: str
-) -> None:
-    for linear, name in zip(spec.linear, [*inputs, "out"], strict=True):
-        _set_linear(linear, weights, prefix + name)
-    _set_norm(spec.layer_norm, weights, norm)
-
-
-def _set_ffn(spec: Any, weights: dict[str, Tensor], prefix: str, norm: str) -> None:
-    _set_linear(spec.linear_0, weights, prefix + "w1")
-    _set_linear(spec.linear_1, weights, prefix + "w2")
-    _set_norm(spec.layer_norm, weights, norm)
-
-
-def _set_linear(spec: Any, weights: dict[str, Tensor], name: str) -> None:
-    spec.weight = _np(weights[name + ".weight"])
-    spec.bias = _np(weights[name + ".bias"])
-
-
-def _set_norm(spec: Any, weights: dict[str, Tensor], name: str) -> None:
-    spec.gamma = _np(weights[name + ".weight"])
-    spec.beta = _np(weights[name + ".bias"])
+def _set(spec: Any, weights: dict[str, Tensor], module: str, names: Sequence[str]) -> None:
+    """`module`'s weight and bias as the spec's attributes `names`."""
+    for name, kind in zip(names, KINDS, strict=True):
+        setattr(spec, name, _np(weights[f"{module}.{kind}"]))
 
 
 def _np(t: Tensor) -> np.ndarray:

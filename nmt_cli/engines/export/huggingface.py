@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from nmt_cli.core.checkpoint import Checkpoint
+from nmt_cli.core.layer_map import DECODER, ENCODER, KINDS, OUTPUT_BIAS, Role, roles, split
 from nmt_cli.core.transformer import ModelConfig, sinusoidal_positions
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.engines.export.output import all_pieces, write_json, write_sentencepiece
@@ -139,13 +140,13 @@ def marian_state(ckpt: Checkpoint) -> dict[str, Tensor]:
     def cols(t: Tensor) -> Tensor:  # an input axis of size d_model
         return t.float()[:, perm].contiguous()
 
-    src, tgt = cols(w["src_embed.tokens.weight"]), cols(w["tgt_embed.tokens.weight"])
+    src, tgt = cols(w[ENCODER.tokens]), cols(w[DECODER.tokens])
     out: dict[str, Tensor] = {
         "model.encoder.embed_tokens.weight": src,
         "model.decoder.embed_tokens.weight": tgt,
         "lm_head.weight": tgt,
         "final_logits_bias": (
-            w["output_bias"].float().reshape(1, -1)
+            w[OUTPUT_BIAS].float().reshape(1, -1)
             if cfg.output_bias
             else torch.zeros(1, cfg.tgt_vocab_size)
         ),
@@ -156,55 +157,37 @@ def marian_state(ckpt: Checkpoint) -> dict[str, Tensor]:
     out["model.encoder.embed_positions.weight"] = table
     out["model.decoder.embed_positions.weight"] = table
 
-    for ours, theirs, axis in marian_layer_names(cfg):
-        parts = w[ours].float().chunk(len(theirs))
-        for name, part in zip(theirs, parts, strict=True):
-            out[name] = rows(part) if axis == "rows" else cols(part) if axis == "cols" else part
+    for role, theirs in marian_layer_names(cfg):
+        for kind in KINDS:
+            axis = role.axis(kind)
+            parts = split(w[f"{role.name}.{kind}"].float(), role.parts, cfg)
+            for name, part in zip(theirs, parts, strict=True):
+                out[f"{name}.{kind}"] = (
+                    rows(part) if axis == "rows" else cols(part) if axis == "cols" else part
+                )
     return out
 
 
-# Where a tensor's d_model axis lies, for the permutation between the two layouts:
-# its output axis ("rows", or a 1-d tensor), its input axis ("cols"), or none.
-DModelAxis = Literal["rows", "cols", "none"]
+# MarianMT's names in a layer (transformers' port of fairseq's): each sublayer's module
+# (the feed-forward's linear layers sit in the layer itself), projections and norm.
+_MODULES = {"self_attn": "self_attn.", "cross_attn": "encoder_attn.", "ffn": ""}
+_PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "out": "out_proj"}
+_PROJECTIONS |= {"w1": "fc1", "w2": "fc2"}
+_NORMS = {"self_attn": "self_attn_layer_norm", "cross_attn": "encoder_attn_layer_norm"}
+_NORMS["ffn"] = "final_layer_norm"
 
 
-def marian_layer_names(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...], DModelAxis]]:
-    """Every layer tensor of ours, the MarianMT tensors it holds (several: our fused
-    projection's rows are theirs stacked in order), and its d_model axis. The one
-    definition of the layer mapping: `nmt export` splits along it, `nmt import` stacks."""
-    names: list[tuple[str, tuple[str, ...], DModelAxis]] = []
-
-    def attention(ours: str, theirs: str, fused: dict[str, str]) -> None:
-        for name, parts in fused.items():
-            projections = [f"{theirs}.{part}_proj" for part in parts]
-            names.append(
-                (f"{ours}.{name}.weight", tuple(p + ".weight" for p in projections), "cols")
-            )
-            names.append((f"{ours}.{name}.bias", tuple(p + ".bias" for p in projections), "none"))
-        names.append((f"{ours}.out.weight", (f"{theirs}.out_proj.weight",), "rows"))
-        names.append((f"{ours}.out.bias", (f"{theirs}.out_proj.bias",), "rows"))
-
-    def ffn_and_norms(ours: str, theirs: str, norms: dict[str, str]) -> None:
-        names.append((f"{ours}.ffn.w1.weight", (f"{theirs}.fc1.weight",), "cols"))
-        names.append((f"{ours}.ffn.w1.bias", (f"{theirs}.fc1.bias",), "none"))
-        names.append((f"{ours}.ffn.w2.weight", (f"{theirs}.fc2.weight",), "rows"))
-        names.append((f"{ours}.ffn.w2.bias", (f"{theirs}.fc2.bias",), "rows"))
-        for our_norm, their_norm in norms.items():
-            for kind in ("weight", "bias"):
-                names.append(
-                    (f"{ours}.{our_norm}.{kind}", (f"{theirs}.{their_norm}.{kind}",), "rows")
-                )
-
-    for i in range(cfg.encoder_layers):
-        ours, theirs = f"encoder.{i}", f"model.encoder.layers.{i}"
-        attention(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
-        ffn_and_norms(ours, theirs, {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"})
-    for i in range(cfg.decoder_layers):
-        ours, theirs = f"decoder.{i}", f"model.decoder.layers.{i}"
-        attention(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
-        attention(f"{ours}.cross_attn", f"{theirs}.encoder_attn", {"q": "q", "kv": "kv"})
-        norms = {"norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm"}
-        ffn_and_norms(ours, theirs, {**norms, "norm3": "final_layer_norm"})
+def marian_layer_names(cfg: ModelConfig) -> list[tuple[Role, list[str]]]:
+    """Every layer module of ours (by role) and the MarianMT modules whose tensors it
+    holds (several: a fused projection's parts, stacked in order). The one definition of
+    Marian's side of the mapping: `nmt export` splits along it, `nmt import` stacks."""
+    names: list[tuple[Role, list[str]]] = []
+    for role in roles(cfg):
+        layer, module = f"model.{role.stack.side}.layers.{role.index}.", role.sublayer.module
+        if role.linear is None:
+            names.append((role, [layer + _NORMS[module]]))
+        else:
+            names.append((role, [layer + _MODULES[module] + _PROJECTIONS[p] for p in role.parts]))
     return names
 
 

@@ -48,6 +48,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt_cli.core.layer_map import (
+    DECODER,
+    ENCODER,
+    KINDS,
+    OUTPUT_BIAS,
+    STACKS,
+    Role,
+    join,
+    roles,
+    split,
+)
 from nmt_cli.core.model_config import Activation, ModelConfig
 from nmt_cli.core.vocab import BOS_ID, UNK_ID, VocabPair
 from nmt_cli.engines.importing.common import BOS_BIAS_GAP, Imported, ImportRefused, build_checkpoint
@@ -155,13 +166,13 @@ def import_fairseq(
                 f"{len(words)} entries (with fairseq's 4 specials)"
             )
     _check_tied(state, tgt_embed)
-    weights["src_embed.tokens.weight"] = src_embed.float()[src_rows]
-    weights["tgt_embed.tokens.weight"] = tgt_embed.float()[tgt_rows]
-    weights["src_embed.learned.weight"] = _positions(state, "encoder", max_positions, d)
-    weights["tgt_embed.learned.weight"] = _positions(state, "decoder", max_positions, d)
+    weights[ENCODER.tokens] = src_embed.float()[src_rows]
+    weights[DECODER.tokens] = tgt_embed.float()[tgt_rows]
+    for stack in STACKS:
+        weights[stack.positions] = _positions(state, stack.side, max_positions, d)
     bias = torch.zeros(len(tgt_rows))
     bias[BOS_ID] = -BOS_BIAS_GAP
-    weights["output_bias"] = bias
+    weights[OUTPUT_BIAS] = bias
     notes = [
         "fairseq starts decoding from </s>; nmt's <s> is a copy of it whose output bias "
         f"is {BOS_BIAS_GAP:g} lower (probability ~1e-13 of it)",
@@ -339,47 +350,47 @@ def fairseq_sinusoids(rows: int, d: int, padding_idx: int) -> Tensor:
     return table
 
 
+# fairseq's names in a layer: each sublayer's module (the feed-forward's linear layers
+# sit in the layer itself), projections and norm.
+_MODULES = {"self_attn": "self_attn.", "cross_attn": "encoder_attn.", "ffn": ""}
+_PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "out": "out_proj"}
+_PROJECTIONS |= {"w1": "fc1", "w2": "fc2"}
+_NORMS = {"self_attn": "self_attn_layer_norm", "cross_attn": "encoder_attn_layer_norm"}
+_NORMS["ffn"] = "final_layer_norm"
+_IN_PROJ = ("q", "k", "v")
+_OLD_NORMS = {".layer_norms.0.": ".self_attn_layer_norm.", ".layer_norms.1.": ".final_layer_norm."}
+
+
 def _layers(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    state = _since_0_7(state, cfg)
+    names = [(role.name, _theirs(role)) for role in roles(cfg)]
+    names += [(stack.final_norm, [f"{stack.side}.layer_norm"]) for stack in STACKS if cfg.pre_norm]
+    return {
+        f"{ours}.{kind}": join([_get(state, f"{name}.{kind}") for name in theirs]).float()
+        for ours, theirs in names
+        for kind in KINDS
+    }
+
+
+def _theirs(role: Role) -> list[str]:
+    """fairseq's modules whose tensors `role`'s stacks (several for a fused projection)."""
+    layer, module = f"{role.stack.side}.layers.{role.index}.", role.sublayer.module
+    if role.linear is None:
+        return [layer + _NORMS[module]]
+    return [layer + _MODULES[module] + _PROJECTIONS[part] for part in role.parts]
+
+
+def _since_0_7(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """`state` under the names fairseq writes since 0.7: before, an attention's q, k and v
+    were one `in_proj` of [Q; K; V] rows, and the encoder's norms `layer_norms.0/1`."""
     out: dict[str, Tensor] = {}
-
-    def projections(ours: str, theirs: str, fused: dict[str, str]) -> None:
-        legacy = state.get(f"{theirs}.in_proj_weight")
-        if legacy is not None:  # [Q; K; V] rows, fairseq before 0.7
-            weights = dict(zip("qkv", legacy.chunk(3), strict=True))
-            biases = dict(zip("qkv", _get(state, f"{theirs}.in_proj_bias").chunk(3), strict=True))
-        else:
-            weights = {p: _get(state, f"{theirs}.{p}_proj.weight") for p in "qkv"}
-            biases = {p: _get(state, f"{theirs}.{p}_proj.bias") for p in "qkv"}
-        for name, parts in fused.items():
-            out[f"{ours}.{name}.weight"] = torch.cat([weights[p] for p in parts]).float()
-            out[f"{ours}.{name}.bias"] = torch.cat([biases[p] for p in parts]).float()
-        for kind in ("weight", "bias"):
-            out[f"{ours}.out.{kind}"] = _get(state, f"{theirs}.out_proj.{kind}").float()
-
-    def copy(ours: str, theirs: str) -> None:
-        for kind in ("weight", "bias"):
-            out[f"{ours}.{kind}"] = _get(state, f"{theirs}.{kind}").float()
-
-    for i in range(cfg.encoder_layers):
-        ours, theirs = f"encoder.{i}", f"encoder.layers.{i}"
-        projections(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
-        old = f"{theirs}.layer_norms.0.weight" in state  # encoder norms before 0.7
-        copy(
-            f"{ours}.norm1", f"{theirs}.layer_norms.0" if old else f"{theirs}.self_attn_layer_norm"
-        )
-        copy(f"{ours}.norm2", f"{theirs}.layer_norms.1" if old else f"{theirs}.final_layer_norm")
-        copy(f"{ours}.ffn.w1", f"{theirs}.fc1")
-        copy(f"{ours}.ffn.w2", f"{theirs}.fc2")
-    for i in range(cfg.decoder_layers):
-        ours, theirs = f"decoder.{i}", f"decoder.layers.{i}"
-        projections(f"{ours}.self_attn", f"{theirs}.self_attn", {"qkv": "qkv"})
-        projections(f"{ours}.cross_attn", f"{theirs}.encoder_attn", {"q": "q", "kv": "kv"})
-        copy(f"{ours}.norm1", f"{theirs}.self_attn_layer_norm")
-        copy(f"{ours}.norm2", f"{theirs}.encoder_attn_layer_norm")
-        copy(f"{ours}.norm3", f"{theirs}.final_layer_norm")
-        copy(f"{ours}.ffn.w1", f"{theirs}.fc1")
-        copy(f"{ours}.ffn.w2", f"{theirs}.fc2")
-    if cfg.pre_norm:
-        copy("encoder_norm", "encoder.layer_norm")
-        copy("decoder_norm", "decoder.layer_norm")
+    for name, tensor in state.items():
+        module, fused, kind = name.rpartition(".in_proj_")
+        if fused:
+            for part, rows in zip(_IN_PROJ, split(tensor, _IN_PROJ, cfg), strict=True):
+                out[f"{module}.{_PROJECTIONS[part]}.{kind}"] = rows
+            continue
+        for old, new in _OLD_NORMS.items():
+            name = name.replace(old, new)
+        out[name] = tensor
     return out

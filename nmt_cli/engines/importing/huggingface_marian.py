@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt_cli.core.layer_map import DECODER, ENCODER, KINDS, OUTPUT_BIAS, join
 from nmt_cli.core.model_config import Activation, ModelConfig
 from nmt_cli.core.vocab import BOS_ID, PAD_ID, VocabPair
 from nmt_cli.engines.export.huggingface import marian_layer_names, marian_permutation
@@ -127,10 +128,10 @@ def import_marian(model_dir: Path, languages: tuple[str, str] = ("", "")) -> Imp
     state = _layers(weights, cfg)
     perm = marian_permutation(cfg.d_model)
     _, cols = unpermute(perm)
-    state["src_embed.tokens.weight"] = cols(embeddings[0][source.rows])
-    state["tgt_embed.tokens.weight"] = cols(embeddings[1][target.rows])
+    state[ENCODER.tokens] = cols(embeddings[0][source.rows])
+    state[DECODER.tokens] = cols(embeddings[1][target.rows])
     if bias is not None:
-        state["output_bias"] = bias
+        state[OUTPUT_BIAS] = bias
     vocab = VocabPair.from_protos(source.proto, target.proto)
     origin = {
         "imported_from": "huggingface-marian",
@@ -267,8 +268,10 @@ def _layers(weights: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
         except KeyError:
             raise refuse(f"the weights lack {name}") from None
 
-    for ours, theirs, axis in marian_layer_names(cfg):
-        parts = [get(name).float() for name in theirs]
-        parts = [rows(t) if axis == "rows" else cols(t) if axis == "cols" else t for t in parts]
-        out[ours] = torch.cat(parts).contiguous()
+    for role, theirs in marian_layer_names(cfg):
+        for kind in KINDS:
+            axis = role.axis(kind)
+            parts = [get(f"{name}.{kind}").float() for name in theirs]
+            parts = [rows(t) if axis == "rows" else cols(t) if axis == "cols" else t for t in parts]
+            out[f"{role.name}.{kind}"] = join(parts).contiguous()
     return out
