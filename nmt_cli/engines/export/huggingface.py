@@ -46,6 +46,7 @@ from nmt_cli.core.layer_map import DECODER, ENCODER, KINDS, OUTPUT_BIAS, Role, r
 from nmt_cli.core.transformer import ModelConfig, sinusoidal_positions
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.engines.export.output import all_pieces, write_json, write_sentencepiece
+from nmt_cli.engines.fairseq_names import fairseq_modules
 from nmt_cli.errors import NmtError
 from nmt_cli.optional import require
 
@@ -168,27 +169,11 @@ def marian_state(ckpt: Checkpoint) -> dict[str, Tensor]:
     return out
 
 
-# MarianMT's names in a layer (transformers' port of fairseq's): each sublayer's module
-# (the feed-forward's linear layers sit in the layer itself), projections and norm.
-_MODULES = {"self_attn": "self_attn.", "cross_attn": "encoder_attn.", "ffn": ""}
-_PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "out": "out_proj"}
-_PROJECTIONS |= {"w1": "fc1", "w2": "fc2"}
-_NORMS = {"self_attn": "self_attn_layer_norm", "cross_attn": "encoder_attn_layer_norm"}
-_NORMS["ffn"] = "final_layer_norm"
-
-
 def marian_layer_names(cfg: ModelConfig) -> list[tuple[Role, list[str]]]:
     """Every layer module of ours (by role) and the MarianMT modules whose tensors it
     holds (several: a fused projection's parts, stacked in order). The one definition of
     Marian's side of the mapping: `nmt export` splits along it, `nmt import` stacks."""
-    names: list[tuple[Role, list[str]]] = []
-    for role in roles(cfg):
-        layer, module = f"model.{role.stack.side}.layers.{role.index}.", role.sublayer.module
-        if role.linear is None:
-            names.append((role, [layer + _NORMS[module]]))
-        else:
-            names.append((role, [layer + _MODULES[module] + _PROJECTIONS[p] for p in role.parts]))
-    return names
+    return [(role, fairseq_modules(role, "model.")) for role in roles(cfg)]
 
 
 def sinusoidal_positions_marian(cfg: ModelConfig) -> Tensor:

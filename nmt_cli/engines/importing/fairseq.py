@@ -54,13 +54,13 @@ from nmt_cli.core.layer_map import (
     KINDS,
     OUTPUT_BIAS,
     STACKS,
-    Role,
     join,
     roles,
     split,
 )
 from nmt_cli.core.model_config import Activation, ModelConfig
 from nmt_cli.core.vocab import BOS_ID, UNK_ID, VocabPair
+from nmt_cli.engines.fairseq_names import PROJECTIONS, fairseq_modules
 from nmt_cli.engines.importing.common import BOS_BIAS_GAP, Imported, ImportRefused, build_checkpoint
 from nmt_cli.moses_bpe import describe
 
@@ -350,34 +350,19 @@ def fairseq_sinusoids(rows: int, d: int, padding_idx: int) -> Tensor:
     return table
 
 
-# fairseq's names in a layer: each sublayer's module (the feed-forward's linear layers
-# sit in the layer itself), projections and norm.
-_MODULES = {"self_attn": "self_attn.", "cross_attn": "encoder_attn.", "ffn": ""}
-_PROJECTIONS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "out": "out_proj"}
-_PROJECTIONS |= {"w1": "fc1", "w2": "fc2"}
-_NORMS = {"self_attn": "self_attn_layer_norm", "cross_attn": "encoder_attn_layer_norm"}
-_NORMS["ffn"] = "final_layer_norm"
 _IN_PROJ = ("q", "k", "v")
 _OLD_NORMS = {".layer_norms.0.": ".self_attn_layer_norm.", ".layer_norms.1.": ".final_layer_norm."}
 
 
 def _layers(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
     state = _since_0_7(state, cfg)
-    names = [(role.name, _theirs(role)) for role in roles(cfg)]
+    names = [(role.name, fairseq_modules(role)) for role in roles(cfg)]
     names += [(stack.final_norm, [f"{stack.side}.layer_norm"]) for stack in STACKS if cfg.pre_norm]
     return {
         f"{ours}.{kind}": join([_get(state, f"{name}.{kind}") for name in theirs]).float()
         for ours, theirs in names
         for kind in KINDS
     }
-
-
-def _theirs(role: Role) -> list[str]:
-    """fairseq's modules whose tensors `role`'s stacks (several for a fused projection)."""
-    layer, module = f"{role.stack.side}.layers.{role.index}.", role.sublayer.module
-    if role.linear is None:
-        return [layer + _NORMS[module]]
-    return [layer + _MODULES[module] + _PROJECTIONS[part] for part in role.parts]
 
 
 def _since_0_7(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
@@ -388,7 +373,7 @@ def _since_0_7(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
         module, fused, kind = name.rpartition(".in_proj_")
         if fused:
             for part, rows in zip(_IN_PROJ, split(tensor, _IN_PROJ, cfg), strict=True):
-                out[f"{module}.{_PROJECTIONS[part]}.{kind}"] = rows
+                out[f"{module}.{PROJECTIONS[part]}.{kind}"] = rows
             continue
         for old, new in _OLD_NORMS.items():
             name = name.replace(old, new)
