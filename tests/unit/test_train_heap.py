@@ -12,6 +12,7 @@ import pytest
 PROGRAM = textwrap.dedent(
     """
     import resource, torch
+    import nmt_cli.engines.train  # the heap as training leaves it: every module loaded
     from nmt_cli.heap import reused_heap
 
     def faults_of_reallocating():
