@@ -3,8 +3,9 @@
 Decoding a file (`nmt translate`, CPUs) frees a chunk's beams and caches across the
 arenas of the decoding threads, and malloc returns only the top of each heap to the
 system: `Releaser` hands whole free pages back (malloc_trim) after a chunk, at most
-once a second, because the first call after a large chunk is slow and later ones are
-a millisecond or two (BENCHMARKS.md).
+once a second. A call is slow after a large chunk and cheap after a small one
+(BENCHMARKS.md), so every chunk of a file gets one, and a program sending one line at a
+time pays at most one small toll a second.
 
 Training is the opposite: every update allocates the same working set again, megabytes
 of activations and gradients that malloc serves with `mmap` and unmaps when freed, so

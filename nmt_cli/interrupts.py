@@ -8,8 +8,8 @@ torch.compile. Python runs a signal's handler in the main thread only, between t
 bytecodes, so a handler alone waits out whatever native operation is running: one bf16
 backward pass emulated on an AVX2 CPU takes over a minute. And a process started with
 SIGINT ignored (a background job of a non-interactive shell) never hears Ctrl-C unless it
-installs a handler: the training loop always did, start-up did not, so such a run went on
-probing for a quarter of an hour after the signal.
+installs a handler, as the training loop does: without one, such a run would go on
+through the whole start-up (a layout probe, a build) after the signal.
 
 `stoppable_startup()` covers the start-up:
 - it installs handlers for SIGINT and SIGTERM, over an inherited SIG_IGN as the loop

@@ -3,13 +3,13 @@ precision and mask.
 
 `fused_attention_under(policy)` is the attention of section 3.2.1 as one call to
 `F.scaled_dot_product_attention`, with PyTorch's choice of kernel narrowed by `policy`
-on a GPU. On recent NVIDIA GPUs it prefers cuDNN's, which builds a
-new execution graph for every new (batch, length) shape. Batches grouped by length
-(section 5.1) make nearly every batch a new shape, so training on one H200 spent ~8 ms
-of host time per attention call building graphs while the GPU idled. FlashAttention-2
-and the memory-efficient kernel take any shape at no per-shape cost: flash runs the
-decoder's causal self-attention (no explicit mask) in 16-bit precisions, the
-memory-efficient kernel takes every mask (the source key-padding mask) and fp32. The
+on a GPU. On recent NVIDIA GPUs it prefers cuDNN's, which builds a new execution graph
+for every new (batch, length) shape. Batches grouped by length (section 5.1) make nearly
+every batch a new shape, so with cuDNN's kernel the host spends milliseconds per
+attention call building graphs while the GPU idles (BENCHMARKS.md, "GPU").
+FlashAttention-2 and the memory-efficient kernel take any shape at no per-shape cost:
+flash runs the decoder's causal self-attention (no explicit mask) in 16-bit precisions,
+the memory-efficient kernel takes every mask (the source key-padding mask) and fp32. The
 math kernel stays last, for shapes neither supports (head widths not a multiple of 8,
 d_k != d_v in flash), so no model of Table 3 fails.
 

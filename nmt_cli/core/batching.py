@@ -284,10 +284,11 @@ def _flat(side: TokenStore | Rows, idx: Sequence[int] | np.ndarray) -> Flat:
 
 def _padded(flat: Flat, multiple: int, bos: bool) -> Tensor:
     """(B, W) int64: BOS (with `bos`) + each row's ids + EOS (without), then PAD; one
-    gather for the whole batch, in PyTorch's operations, which release the GIL: row by
-    row a 25,000-token batch took ~25 ms of Python, numpy's gather still held the GIL, and
-    the thread collating the next update made the training thread wait for it. Every
-    operation after the gather sees int64 ids (`Flat.gather`), whatever the store's dtype."""
+    gather for the whole batch, in PyTorch's operations, which release the GIL: a thread
+    collating the next update must not hold the GIL the training thread needs, as a
+    row-by-row loop (milliseconds of Python) or numpy's gather would (BENCHMARKS.md, "The
+    training loop around the update"). Every operation after the gather sees int64 ids
+    (`Flat.gather`), whatever the store's dtype."""
     starts, lengths = flat.starts, flat.lengths
     width = round_up(int(lengths.max()) + 1 if len(lengths) else 1, multiple)
     col = torch.arange(width) - int(bos)

@@ -1,11 +1,12 @@
 """Dropout (section 5.4) with a cheaper mask on the CPU, and dropout fused with the residual.
 
 On a CPU, `torch.nn.functional.dropout` draws one Bernoulli sample per element, and on a
-small Transformer those random numbers cost as much as a fifth of a training step. Here
-one 64-bit random word gives four 16-bit uniform numbers, each compared with
-round(p * 65536): the drop probability is p to within 1/65536 (0.1 becomes 0.100006),
-the mask is drawn from the default generator (so `torch.manual_seed` reproduces it), and
-only the scaled mask is kept for the backward pass.
+small Transformer those random numbers are a visible share of a training step
+(BENCHMARKS.md, "What made the small model fast"). Here one 64-bit random word gives
+four 16-bit uniform numbers, each compared with round(p * 65536): the drop probability
+is p to within 1/65536 (0.1 becomes 0.100006), the mask is drawn from the default
+generator (so `torch.manual_seed` reproduces it), and only the scaled mask is kept for
+the backward pass.
 
 The mask comes from the model's plan (`Operations.keep_mask`): `scaled_keep_mask` here,
 the reference; the CPU backend's compiled one-pass mask (backends/cpu/training.py), which
@@ -30,8 +31,8 @@ from torch import Tensor, nn
 
 def seed_dropout(device: torch.device, seed: int) -> None:
     """Seed the generator `device`'s dropout masks come from, and only that one:
-    `torch.manual_seed` also seeds every other backend's generators and costs ~0.3 ms a
-    call, host time on every micro-batch of a training run."""
+    `torch.manual_seed` also seeds every other backend's generators, host time on every
+    micro-batch of a training run (BENCHMARKS.md, "The training loop around the update")."""
     if device.type == "cuda":
         torch.cuda.manual_seed(seed)  # the current device's generator
     elif device.type == "cpu":

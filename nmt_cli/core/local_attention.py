@@ -16,12 +16,14 @@ than that span, the band is an ordinary n x n mask: then that is the smaller mat
 The blocks are the batch rows of one `F.scaled_dot_product_attention` call, the band its
 mask. On a CPU, without attention dropout, PyTorch runs its flash kernel: it scores a
 cache-sized tile at a time and recomputes tiles in the backward pass rather than store
-the weights. Writing the blocks' scores out (this module's first form: 100+ MiB at
-n = 16,384, r = 64, passed over five times, in fresh pages every call) grew faster than n.
+the weights. Blocks whose scores are written out make large temporaries, passed over
+several times in fresh pages every call, and their time grows faster than n
+(BENCHMARKS.md, "Restricted self-attention").
 
 PyTorch's FlexAttention (a sliding-window block mask) computes the same band, but on a
 CPU only compiled (eager, it scores the full n x n matrix), with no backward pass there
-(PyTorch 2.13), and compiled its forward took 18x these blocks' time (n = 4,096, r = 64).
+(PyTorch 2.13), and its compiled forward is many times slower than these blocks
+(BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from torch import Tensor
 from nmt_cli.core.attention import Attention, fused_attention
 from nmt_cli.core.operations import Operations
 
-# Blocks below this many queries spend their time in per-block overhead, not arithmetic
-# (small windows at n = 4,096 on a CPU: blocks of 16-32 fastest, of 4 twice as slow).
+# Blocks below this many queries spend their time in per-block overhead, not arithmetic:
+# small windows take blocks of this size (BENCHMARKS.md, "Restricted self-attention").
 MIN_BLOCK = 32
 
 

@@ -15,7 +15,8 @@ Two entry points share that sweep: `label_smoothed_sums` takes logits (CPUs, val
 `projected_label_smoothed_sums` takes the decoder's hidden states and the tied output
 projection (section 3.4) and runs projection, loss and both gradients a chunk of tokens
 at a time, so that on a GPU the (tokens x V) logits, their fp32 copies and their gradient
-are never stored whole (on one H200 the unfused loss took 29% of a base step's GPU time).
+are never stored whole (unfused, the loss is a large share of a base step's GPU time:
+BENCHMARKS.md, "GPU").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ residual stream in the autocast precision on GPUs.
 
 CUDA autocast runs `layer_norm` in fp32: a bf16 residual stream is cast up before every
 norm and the fp32 output cast down again by the next linear layer, in the forward and the
-backward pass. On one H200 such casts took 12% of a base model's training step. The
+backward pass: a noticeable share of a base model's GPU time (BENCHMARKS.md, "GPU"). The
 CUDA kernel already accumulates bf16 and fp16 statistics in fp32, so here the norm runs
 in the input's own 16-bit dtype (its two d_model-sized parameter vectors cast instead).
 On a CPU, autocast leaves `layer_norm` in the input's dtype already, and nothing changes.

@@ -1,14 +1,14 @@
-"""The CPU decoding backend: speed machinery beside the paper's model, never in it.
+"""The CPU backend: speed machinery beside the paper's model, never in it.
 
 core/ holds the Transformer and its Python decoder step, the reference. This package
 wraps a Transformer for decoding on a CPU (`CpuDecoder`, a `core.search.Searchable`):
 packed bf16 and int8 linear layers (linear.py), a compiled C++ module built on first
 use (build.py, csrc/) that runs the whole decoder step in one call (step.py, over the
 named contract of contract.py), a cache whose keys never move with its attention
-kernel (slot_cache.py), beam search's bookkeeping in one call, and the release of freed
-memory during long runs (memory.py). What its model-shaped parts implement is declared
-in support.py; a model outside it decodes on the reference step. decoder.py makes the
-one choice of arithmetic per model.
+kernel (slot_cache.py), and beam search's bookkeeping in one call. What its
+model-shaped parts implement is declared in support.py; a model outside it decodes on
+the reference step. decoder.py makes the one choice of arithmetic per model. The same
+module gives CPU training its dropout masks, loss sweep and attention (training.py).
 
 What it may assume of core: the Transformer's modules and their names (the layers of
 `DecoderLayer`, `tgt_embed`), `step_hidden`/`logits`, the cross-attention's

@@ -17,9 +17,9 @@ Built once means built once: a finished build leaves a stamp beside the library,
 process that finds both loads the library itself, without running the builder. (The
 builder runs ninja in every process that calls it, and ninja rebuilds every object when
 its log was written by another ninja version: ninja 1.11 and 1.12+ hash the same command
-differently, and a system ninja and the wheel's alternated by which one PATH found
-first, so `nmt train` rebuilt the module after `torchrun` in an activated environment and
-the other way round.) Only a missing or unfinished build runs the builder, with the ninja
+differently, and which ninja PATH finds first, a system one or the wheel's, can differ
+between the processes of one installation, such as `nmt train` and `torchrun` in an
+activated environment.) Only a missing or unfinished build runs the builder, with the ninja
 wheel's binary first on PATH, under a lock that the kernel releases when its holder dies;
 every process that builds or waits says so, with its progress.
 """

@@ -198,8 +198,8 @@ class CpuDecoder(nn.Module):
 def batch_bucket(n: int) -> int:
     """Sentence slots a batch keeps for `n` open sentences: 1, 2, 4, 8, then multiples of 8
     (at most 7 finished ones ride along as filler). Every new batch shape makes oneDNN build
-    and cache new kernels (with a reordered copy of the weights): in bf16 that cost time and
-    grew a long run's memory with its input."""
+    and cache new kernels (with a reordered copy of the weights): in bf16 that costs time
+    and grows a long run's memory with its input."""
     if n <= 8:
         return 1 << max(0, (n - 1).bit_length())
     return -(-n // 8) * 8

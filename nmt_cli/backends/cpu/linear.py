@@ -7,12 +7,12 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
 - bf16: `F.linear` hands oneDNN a plain row-major weight, which it reorders into its
   blocked layout on every call. `PackedLinear` reorders once (the same prepacking
   PyTorch's compiler applies when it freezes weights) and calls the packed kernel, with
-  bit-identical results: 1.5-2.5x faster at beam-search shapes (BENCHMARKS.md). Given
-  the compiled module (backends/cpu/build.py) on a CPU with AVX-512 BF16, it also keeps
-  the weight in that module's layout, and products of up to 128 rows (a decoder step of
-  up to 32 sentences at beam 4) run there: oneDNN's fixed cost of ~15 us a call is most
-  of a product of a few rows, the module's kernel has none (3-5x faster at 4 rows,
-  1.1-1.4x at 128; from 256 rows on they are even).
+  bit-identical results, faster at beam-search shapes (BENCHMARKS.md). Given the
+  compiled module (backends/cpu/build.py) on a CPU with AVX-512 BF16, it also keeps the
+  weight in that module's layout, and products of up to 128 rows (a decoder step of up
+  to 32 sentences at beam 4) run there: oneDNN's fixed cost a call is most of a product
+  of a few rows, the module's kernel has none, and from 256 rows on the two are even
+  (BENCHMARKS.md).
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do): per row in the compiled module's VNNI kernel where
@@ -108,9 +108,9 @@ class Int8Linear(StepLinear):
 
     With the compiled module (`kernel`) on a CPU with AVX-512 VNNI, each input row is
     quantized with its own scale (csrc/int8_linear.cpp): a sentence's result does
-    not depend on the rest of its batch, and there is no fixed cost a call (3-5x faster
-    at a few rows, 1.1-1.3x at hundreds). Otherwise PyTorch's dynamic quantized kernel,
-    which quantizes the whole input with one scale."""
+    not depend on the rest of its batch, and there is no fixed cost a call (faster than
+    PyTorch's at every size, most at a few rows: BENCHMARKS.md). Otherwise PyTorch's
+    dynamic quantized kernel, which quantizes the whole input with one scale."""
 
     def __init__(
         self, weight: Tensor, bias: Tensor | None, kernel: ModuleType | None = None

@@ -25,8 +25,8 @@ from torch import Tensor
 class SlotTable:
     """What the layers of a SlotCache share: the back-pointers, each row's source, the
     position, the buffers' size. It is its own object so that the layers need no
-    reference to the cache holding them: that cycle kept each batch's buffers alive until
-    Python's cycle collector ran, and memory grew with the input."""
+    reference to the cache holding them: such a cycle keeps each batch's buffers alive
+    until Python's cycle collector runs, and memory grows with the input."""
 
     kernel: ModuleType
     heads: int

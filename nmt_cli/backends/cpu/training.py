@@ -2,19 +2,20 @@
 the loss's sweep over the logits, and attention.
 
 All three have references in the core made of PyTorch operations (core/dropout.py,
-core/losses.py, core/attention.py) that cost more than their arithmetic on a CPU.
-The reference mask is four operations, one of them PyTorch's CPU `random_`, which runs
-its generator serially: on the Multi30k recipe's model the masks took about 8% of a bf16
-update. The compiled `scaled_keep_mask` (csrc/dropout_mask.cpp) makes the same mask in
-one pass from a counter-based generator, seeded from PyTorch's default generator, so a
-run's masks still follow its seed and a resumed run repeats them bit for bit. The
-reference loss sweep is a dozen operations over each 64 rows of logits, about a tenth of
-the same update; the compiled `smoothed_loss_sweep` (csrc/smoothed_loss.cpp) reads each
-row twice and writes its gradient once. The reference attention is a dozen operations
-forward and as many backward over score matrices of a few hundred elements per head,
-about a seventh of the update; the compiled one (csrc/attention_train.cpp) takes a
-sentence at a time, all its heads' scores, softmax and weighted sums and their gradients
-over float32 rows in cache, and writes the context with its heads already merged.
+core/losses.py, core/attention.py) that cost more than their arithmetic on a CPU (each
+one's share of a bf16 update on the Multi30k recipe's model: BENCHMARKS.md, "The
+training loop around the update"). The reference mask is four operations, one of them
+PyTorch's CPU `random_`, which runs its generator serially. The compiled
+`scaled_keep_mask` (csrc/dropout_mask.cpp) makes the same mask in one pass from a
+counter-based generator, seeded from PyTorch's default generator, so a run's masks still
+follow its seed and a resumed run repeats them bit for bit. The reference loss sweep is
+a dozen operations over each 64 rows of logits; the compiled `smoothed_loss_sweep`
+(csrc/smoothed_loss.cpp) reads each row twice and writes its gradient once. The
+reference attention is a dozen operations forward and as many backward over score
+matrices of a few hundred elements per head; the compiled one (csrc/attention_train.cpp)
+takes a sentence at a time, all its heads' scores, softmax and weighted sums and their
+gradients over float32 rows in cache, and writes the context with its heads already
+merged.
 All are built with the decoding kernels (one module, one build, one cache); where the
 module cannot be built, training keeps the references and says why.
 """

@@ -1,9 +1,9 @@
 """How training runs on its device: the GPU speed-ups and the CPU paths they leave alone.
 
-Measured on one H200 (base model, bf16, ~21,000 target tokens a step), the GPU was busy
-a quarter of each step: cuDNN attention built a graph for every new batch shape, the
-label-smoothed loss made several fp32 passes over the (tokens x vocabulary) logits, and
-casts took 12% of GPU time. On a GPU, therefore:
+A base model's step leaves a GPU idle most of the time and spends much of the rest
+outside the matrix products (BENCHMARKS.md, "GPU"): cuDNN attention builds a graph for
+every new batch shape, the label-smoothed loss makes several fp32 passes over the
+(tokens x vocabulary) logits, and casts take GPU time of their own. On a GPU, therefore:
 
 - attention kernels without per-shape cost (`backends/pytorch.py`);
 - the output projection fused into the chunked loss (`core/objective.py`);
@@ -77,8 +77,8 @@ def announcement(choices: DeviceChoices, device: torch.device) -> str | None:
 
 
 def resolve_compile(setting: bool | Literal["auto"], device: torch.device) -> bool:
-    """'auto' compiles on GPUs only: on the project's 2-core CPU a compiled training step
-    was slower than eager, after more than a minute of compilation."""
+    """'auto' compiles on GPUs only: on a CPU a compiled training step is slower than
+    eager, after more than a minute of compilation (BENCHMARKS.md)."""
     if setting == "auto":
         return device.type == "cuda"
     return bool(setting)

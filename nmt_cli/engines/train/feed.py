@@ -71,9 +71,9 @@ class TrainFeed:
     thread collates itself, a millisecond an update. A second thread running torch's
     operations gets an OpenMP thread pool of its own, and once a process has more OpenMP
     threads than cores libgomp's threads stop spinning at barriers and sleep at once, so
-    every short operation of a two-thread update pays a wake-up: with the worker thread
-    the whole update ran 18-24% slower (BENCHMARKS.md, "The training loop around the
-    update").
+    every short operation of a two-thread update pays a wake-up, and every part of the
+    update is slower with the worker thread than without (BENCHMARKS.md, "The training
+    loop around the update").
     """
 
     def __init__(

@@ -7,9 +7,9 @@ same batch shapes every epoch (the plan is length-grouped: Multi30k's recipe has
 shapes an epoch, and about 33 distinct products per shape between the forward, both
 products of each backward, and attention), so an epoch needs about 3,800 primitives.
 An LRU cache a quarter that size, walked in a cycle, evicts each primitive before its
-shape comes back: every update rebuilt about 25 kernels, ~22 ms of a 0.5 s bf16 update,
-epoch after epoch (BENCHMARKS.md, "The training loop around the update"). With room for
-all of them, the second epoch builds none.
+shape comes back, so every update rebuilds kernels, epoch after epoch (BENCHMARKS.md,
+"The training loop around the update"). With room for all of them, the second epoch
+builds none.
 
 oneDNN reads the capacity once, from ONEDNN_PRIMITIVE_CACHE_CAPACITY, when it builds
 its first primitive; PyTorch offers no call to change it later. So training sets it
@@ -25,8 +25,8 @@ from collections.abc import MutableMapping
 
 CAPACITY_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 # Four times what the Multi30k recipe's epoch needs: room for the kernels of both thread
-# counts the thread tuner tries, and for corpora with more batch shapes. The runs' peak
-# memory did not grow measurably (BENCHMARKS.md).
+# counts the thread tuner tries, and for corpora with more batch shapes, at no measurable
+# cost in peak memory (BENCHMARKS.md).
 TRAINING_CAPACITY = 16384
 
 

@@ -11,9 +11,9 @@ forward and backward with N threads, and the same batch cut in N parts run side 
 by N Python threads of one compute thread each, which stand in for the N processes (the
 operations release the GIL; each part has its own copy of the model). The processes are
 taken only when they are faster by `margin`, which covers what the stand-in leaves out:
-the all-reduce, a second interpreter and the spawn. On the 2-core development machine
-(bf16) the stand-in measured the processes 1.10x one process of two threads where real
-training ran them at 0.92-0.93x, hence 1.25.
+the all-reduce, a second interpreter and the spawn: the stand-in rates the processes
+well above what real training gets from them (BENCHMARKS.md, "The training loop around
+the update"), hence 1.25.
 
 A short run never probes (spawning processes costs seconds), and a resumed run keeps the
 layout it started with, so resuming stays exact.
@@ -191,9 +191,9 @@ def choose_layout(
 ) -> CpuLayout:
     """The layout of a fresh run on `cores` CPUs, from the probe's timings of one pass in
     each (`processes_s` is only called for a long run), the fastest of `rounds` taken in
-    turn: a single pair of timings put the processes anywhere from 1.01x to 1.73x one
-    process on the same machine within minutes. `run_seconds(pass_s)` says how long the
-    run would be at that speed: a short one keeps one process."""
+    turn: a single pair of timings swings widely within minutes on the same machine
+    (BENCHMARKS.md). `run_seconds(pass_s)` says how long the run would be at that speed:
+    a short one keeps one process."""
     if cores < 2:
         return CpuLayout(1, cores, "one core")
     one_process = threads_s()
@@ -230,7 +230,7 @@ def layout_of(plan: TrainPlan, cores: int) -> CpuLayout:
     precision = resolve_precision(tc.precision, torch.device("cpu"), "train.precision")
     startup_phase(f"measuring the CPU layout ({cores} threads or {cores} processes)")
     probe = Probe(plan.model_config, src, tgt, batches[0], cores, precision)
-    with reused_heap():  # the heap training runs with: glibc's own made the timings vary more
+    with reused_heap():  # the heap training runs with: glibc's own makes the timings vary more
         return choose_layout(
             cores,
             lambda pass_s: expected_seconds(tc, pass_s * split.accum),

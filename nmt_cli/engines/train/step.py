@@ -125,8 +125,8 @@ class Updater:
     ) -> PendingUpdate:
         """Queue one update. micro: (batch, weight) pairs, weight 0 for an empty slot's
         stand-in batch; seeds: one dropout seed per micro-batch."""
-        # Module.train() walks every submodule (0.4 ms on the small model, host time a
-        # GPU waits for): only after something left the model in eval mode.
+        # Module.train() walks every submodule (host time a GPU waits for: BENCHMARKS.md):
+        # only after something left the model in eval mode.
         inner = _objective_of(self.objective)
         if not (self.objective.training and (inner is None or inner.model.training)):
             self.objective.train()

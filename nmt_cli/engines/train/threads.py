@@ -1,18 +1,17 @@
 """Choose the CPU thread count while training runs, from measured speed.
 
-On a quiet machine all cores train fastest (two threads are 1.64x one in bf16 and 1.83x
-in fp32 on the 2-core development machine, BENCHMARKS.md). When other
-processes compete for the cores, OpenMP threads spin at every barrier waiting for a
-descheduled partner, and two threads can become 10x slower than one (measured in
-BENCHMARKS.md). Which case holds can change during a run, so now and then one update
-runs with the other thread count (a probe), and the trainer keeps whichever has recently
-been faster by a margin.
+On a quiet machine all cores train fastest (BENCHMARKS.md, "The training loop around the
+update"). When other processes compete for the cores, OpenMP threads spin at every
+barrier waiting for a descheduled partner, and two threads can become many times slower
+than one (BENCHMARKS.md, "On a loaded machine: OpenMP spin-waiting"). Which case holds
+can change during a run, so now and then one update runs with the other thread count (a
+probe), and the trainer keeps whichever has recently been faster by a margin.
 
 A probe costs an update at the slower count (on a quiet machine, one update in 25 at
-1/1.64 of the speed, ~2.5% of the run) and oneDNN's kernels for that count, which it
-builds per thread count. So probes become rarer while they keep confirming the choice:
-the gap doubles after each, from `probe_every` up to `probe_most` updates. Two things
-bring them back to `probe_every`: a probe that changes the choice, and the current
+the slower count's speed: a few percent of the run) and oneDNN's kernels for that count,
+which it builds per thread count. So probes become rarer while they keep confirming the
+choice: the gap doubles after each, from `probe_every` up to `probe_most` updates. Two
+things bring them back to `probe_every`: a probe that changes the choice, and the current
 count's own speed moving by more than `shift` from what it was at the last probe, which
 is what a load arriving or leaving looks like (a slowdown past the other count's speed
 switches at once, with no probe).

@@ -3,13 +3,14 @@
 //
 // Beam search reorders the rows after every step. PyTorch's attention wants each row's
 // prefix contiguous, so the contiguous cache copies every prefix to its new row each
-// step (an index_select of the whole cache, ~15% of a 128-sentence step) and then runs
-// a few tiny batched products over it. Here the prefix never moves: step s's keys stay
-// where they were written, a small table says in which slot each row's ancestor of step
-// s wrote them, and the kernel reads them from there. Scores, softmax and the weighted
-// sum of the values are one pass per row over its keys, all heads at once (each key
-// row holds every head's keys, contiguous), in float32 whatever the storage dtype.
-// Cross-attention reads the encoder's keys once per source, not once per beam.
+// step (an index_select of the whole cache, a large part of a 128-sentence step:
+// BENCHMARKS.md) and then runs a few tiny batched products over it. Here the prefix
+// never moves: step s's keys stay where they were written, a small table says in which
+// slot each row's ancestor of step s wrote them, and the kernel reads them from there.
+// Scores, softmax and the weighted sum of the values are one pass per row over its keys,
+// all heads at once (each key row holds every head's keys, contiguous), in float32
+// whatever the storage dtype. Cross-attention reads the encoder's keys once per source,
+// not once per beam.
 //
 // Sums are taken in another order than PyTorch's products take them, so fp32 models
 // keep PyTorch's attention (their outputs are promised identical to the Python step's

@@ -1,13 +1,13 @@
 // Training's attention on a CPU: scores, masks, softmax and the weighted sum of the
 // values, and their gradients, one (sentence, head) at a time in float32.
 //
-// The core's reference (core/transformer.py, `written_out_attention`) is PyTorch's
-// operations: two batched products, a scaling, one masking per mask, a float32 softmax
-// and the casts around it, and the copies that split and merge the heads, each a pass
-// over memory; backward as many again. A sentence's scores are small (tens of keys), so
-// on the Multi30k recipe's model those operations cost more than their arithmetic: about
-// a seventh of a bf16 update. Here a task widens its sentence-head's queries, keys and
-// values once into float32 rows that stay in cache, and does everything else there:
+// The core's reference (core/attention.py, `attention`) is PyTorch's operations: two
+// batched products, a scaling, one masking per mask, a float32 softmax and the casts
+// around it, and the copies that split and merge the heads, each a pass over memory;
+// backward as many again. A sentence's scores are small (tens of keys), so on the
+// Multi30k recipe's model those operations cost more than their arithmetic (BENCHMARKS.md
+// has their share of a bf16 update). Here a task widens its sentence-head's queries, keys
+// and values once into float32 rows that stay in cache, and does everything else there:
 // products as dot products and row updates over d, the softmax with the decoding
 // kernels' exponential, the context written straight into the merged-heads layout. The
 // forward pass keeps the float32 weights for the backward pass (L x S per head, as the

@@ -1,9 +1,9 @@
 // Beam search's choice of candidates, one pass over the scores, no full sort.
 //
 // A step's candidates for sentence s are its K beams' log-probabilities plus each beam's
-// running score, K x V of them, and search keeps the best k. `torch.topk` spends about
-// 100 us on one sentence's 4 x 8,000 (a partial sort of (value, index) pairs), as much as
-// a quarter of a one-sentence step, and the separate add of the running scores is another
+// running score, K x V of them, and search keeps the best k. `torch.topk` partially sorts
+// (value, index) pairs, which on one sentence's 4 x 8,000 is a large part of a
+// one-sentence step (BENCHMARKS.md), and the separate add of the running scores is another
 // full pass. Here each sentence is one pass: every score is computed in fp32 exactly as
 // the separate add does it, compared with the k-th best so far, and inserted into a short
 // sorted list when it beats it.

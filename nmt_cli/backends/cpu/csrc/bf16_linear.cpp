@@ -1,14 +1,14 @@
 // bf16 matrix products for the few rows of a decoder step, with AVX-512 BF16.
 //
-// oneDNN (PyTorch's `mkldnn::_linear_pointwise`) spends about 15 us a call on its own
+// oneDNN (PyTorch's `mkldnn::_linear_pointwise`) spends a fixed time a call on its own
 // bookkeeping whatever the size, which at a few rows is most of a product of the layer
-// sizes nmt decodes with (measured in docs/ARCHITECTURE.md). This kernel has none: the
-// weight is laid out once so that each 64-byte load holds 16 output columns x one pair of
-// inputs, which is what `vdpbf16ps` multiplies by a broadcast pair of the input row; a
-// register tile of up to 4 rows x 64 columns accumulates in fp32 over the whole K, then
-// adds the bias, applies the ReLU and adds the residual before the one rounding to bf16.
-// Accumulating pairs in order of K is what oneDNN does too, so the results agree with it
-// bit for bit except where oneDNN splits a long K (rarely, in the last bit).
+// sizes nmt decodes with (BENCHMARKS.md). This kernel has none: the weight is laid out
+// once so that each 64-byte load holds 16 output columns x one pair of inputs, which is
+// what `vdpbf16ps` multiplies by a broadcast pair of the input row; a register tile of up
+// to 4 rows x 64 columns accumulates in fp32 over the whole K, then adds the bias,
+// applies the ReLU and adds the residual before the one rounding to bf16. Accumulating
+// pairs in order of K is what oneDNN does too, so the results agree with it bit for bit
+// except where oneDNN splits a long K (rarely, in the last bit).
 #include "bf16_linear.h"
 #include "cpu_level.h"
 

@@ -5,7 +5,7 @@
 // same kernels of this module for the linear layers that use them) in the same order, so
 // its outputs are bit-identical, and only removes the Python between them. At
 // a few rows a step is a few hundred small operator calls, and calling each from Python
-// costs about as much as the operator itself (docs/ARCHITECTURE.md has the figures).
+// costs about as much as the operator itself (BENCHMARKS.md has the figures).
 // The tests compare the two steps on every precision and cache layout
 // (tests/unit/test_compiled_step.py); what the Python side hands over is named, in one
 // table on each side (kContract here, nmt_cli/backends/cpu/contract.py there), compared

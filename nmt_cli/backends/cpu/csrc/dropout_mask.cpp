@@ -10,7 +10,7 @@
 // BigCrush), and its four 16-bit quarters decide elements 4w to 4w + 3, each dropped when
 // its quarter is below round(p * 65536), as the reference draws them. Any word can be
 // computed on its own, so the threads split the words and the mask does not depend on
-// how many there are. The seed comes from PyTorch's default generator (dropout_mask.py),
+// how many there are. The seed comes from PyTorch's default generator (training.py),
 // so `torch.manual_seed` reproduces the masks.
 
 #include "dropout_mask.h"

@@ -2,8 +2,8 @@
 //
 // `--precision int8` stores each weight row as int8 with its own scale. PyTorch's dynamic
 // quantized linear (fbgemm) quantizes its input with one scale for the whole call, so a
-// row's result depends on the other rows in the batch, and it spends ~15 us a call on
-// its own bookkeeping. Here each input row gets its own scale (as CTranslate2 does), so
+// row's result depends on the other rows in the batch, and it spends a fixed time a call
+// on its own bookkeeping. Here each input row gets its own scale (as CTranslate2 does), so
 // a sentence translates the same in any batch, and there is no fixed cost: the row is
 // quantized once to unsigned bytes (q + 128), `vpdpbusd` multiplies four of them by four
 // int8 weights of 16 output columns at a time into int32, and the offset of 128 is taken

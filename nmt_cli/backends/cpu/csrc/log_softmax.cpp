@@ -1,8 +1,8 @@
 // Log-softmax over the vocabulary in three passes of AVX-512, for bf16 and int8 models.
 //
-// `torch.log_softmax(logits, -1, dtype=float32)` takes ~50 us for one sentence's 4 x 8,000
-// bf16 logits (a cast to float32, then its own passes), the largest single operator of a
-// one-sentence step once the products were fast. Here each row is read twice (its
+// `torch.log_softmax(logits, -1, dtype=float32)` casts bf16 logits to float32, then makes
+// its own passes: with the products on the module's kernels, it is the largest single
+// operator of a one-sentence step (BENCHMARKS.md). Here each row is read twice (its
 // maximum, then the sum of exp(x - max), with a polynomial exp accurate to about 2 ulp)
 // and written once as x - (max + log(sum)), bf16 widened on the fly. The results differ
 // from PyTorch's in the last bits, so fp32 models keep PyTorch's (their outputs are

@@ -4,11 +4,12 @@
 // The reference sweeps 64 rows at a time through a dozen PyTorch operations (a float32
 // copy, mean, max, subtraction, exp, sum, log, division, the target's correction, the
 // padding mask, the cast back), each a pass over the chunk: on the Multi30k recipe's
-// model (8,000 words) that is about a tenth of a bf16 update. Here each row is read
-// twice (its maximum and sum, then exp(x - max) and its sum, kept in a float32 row
-// buffer) and its gradient written once, in the logits' dtype, rounded to nearest even
-// as PyTorch casts. The exponential is the polynomial the decoding kernels use (about
-// 2 ulp), so results differ from the reference's in the last bits.
+// model (8,000 words) they cost more than their arithmetic (BENCHMARKS.md has their share
+// of a bf16 update). Here each row is read twice (its maximum and sum, then exp(x - max)
+// and its sum, kept in a float32 row buffer) and its gradient written once, in the
+// logits' dtype, rounded to nearest even as PyTorch casts. The exponential is the
+// polynomial the decoding kernels use (about 2 ulp), so results differ from the
+// reference's in the last bits.
 
 #include "smoothed_loss.h"
 #include "cpu_level.h"
