@@ -131,7 +131,8 @@ class PartsDir:
         journal = self.root / JOURNAL
         if self.finished:
             manifest = _read_json(self.root / MANIFEST)
-            return {r["block"]: BlockRecord(**r) for r in manifest["parts"]}
+            described = [{k: v for k, v in r.items() if k != "file"} for r in manifest["parts"]]
+            return {r["block"]: BlockRecord(**r) for r in described}
         if not journal.exists():
             return records
         for line in journal.read_text(encoding="utf-8").splitlines():
