@@ -90,7 +90,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for name in systems:
                 command = system_command(name, args.model, args.block_lines)
-                out = folder / f"{len(systems) and systems.index(name)}.out"
+                out = folder / f"{systems.index(name)}.out"
                 startup[name].append(timed(command, one, folder / "one.out"))
                 wall[name].append(timed(command, full, out))
                 print(f"$ {shlex.join(command)} -i INPUT -o OUTPUT")

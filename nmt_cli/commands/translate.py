@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +55,8 @@ def translate(
         [],
         "--input",
         "-i",
-        help="Text to translate; default or -: stdin. --ray: repeat, read as one text.",
+        metavar="PATH",
+        help="Text; default or -: stdin. --ray: repeatable.",
         show_default=False,
     ),
     output: Path | None = typer.Option(
@@ -92,18 +93,19 @@ def translate(
     ),
     device: str = typer.Option(_D.device, "--device", help="cpu, cuda, cuda:N or auto."),
     threads: int = typer.Option(
-        _D.threads, "--threads", help="CPU threads; 0 = all usable. --ray: an actor's; 0 = 1."
+        _D.threads,
+        "--threads",
+        help="CPU threads; default 0: all usable (--ray: below).",
+        show_default=False,
     ),
     workers: int = typer.Option(
         _D.workers,
         "--workers",
-        help="Batches at once on CPU; default 0: one a thread. --ray: actors; 0 = fill.",
+        help="Batches at once on CPU; default 0: one a thread.",
         show_default=False,
     ),
     buffer_lines: int = typer.Option(
-        _D.buffer_lines,
-        "--buffer-lines",
-        help="Lines read ahead and sorted by length together. --ray: a block's lines.",
+        _D.buffer_lines, "--buffer-lines", help="Lines sorted by length together."
     ),
     python_step: bool = typer.Option(
         not _D.compiled_step, "--python-step", help="CPU: decode in Python, not in C++."
@@ -120,13 +122,13 @@ def translate(
     ),
     on_bad_utf8: str = on_bad_utf8_option(),
     ray: bool = typer.Option(
-        False, "--ray", help="Translate on a Ray cluster (see below); needs the ray extra."
+        False, "--ray", help="Translate on a Ray cluster (below; the ray extra)."
     ),
     ray_address: str | None = typer.Option(
         None,
         "--ray-address",
         metavar="ADDRESS",
-        help="The Ray cluster: host:port, ray://host:port or local; implies --ray.",
+        help="host:port, ray://host:port or local; implies --ray.",
         show_default=False,
     ),
     parts: bool = typer.Option(
@@ -164,13 +166,14 @@ def translate(
     \b
     --ray translates on a Ray cluster: --ray-address's, RAY_ADDRESS's, the
     one this machine joined with `ray start`, or else a new one here. The
-    input is cut into blocks of --buffer-lines lines, each translated by one
-    of --workers actors (one model each, --threads threads) and written as
-    soon as it is back; the output is the same as without --ray. With
-    --parts, -o DIR gets a part a block and a manifest.json instead of one
-    file. After a stop, the same command with --resume translates only the
-    blocks not yet written. The checkpoints must be at the same path on
-    every machine.
+    inputs (-i, repeatable) are read as one text and cut into blocks of
+    --buffer-lines lines, each translated by one of --workers actors
+    (default: as many as the cluster's CPUs hold) of one model and
+    --threads threads (default 1) and written as soon as it is back; the
+    output is the same as without --ray. With --parts, -o DIR gets a part
+    a block and a manifest.json instead of one file. After a stop, the same
+    command with --resume translates only the blocks not yet written. The
+    checkpoints must be at the same path on every machine.
     """
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
@@ -183,8 +186,14 @@ def translate(
         alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
         layer = alignment_layer if alignment else None  # 0: the penultimate; None: none
         if ray or ray_address is not None:
-            job = ray_job(model, cfg, input, output, ray_address, parts, resume, as_json, layer)
-            return translate_on_ray(dataclasses.replace(job, on_bad_utf8=on_bad_utf8), verbosity)
+            from nmt_cli.engines.translate.ray_corpus import RayJob
+
+            job = RayJob(
+                models=tuple(model), cfg=cfg, inputs=tuple(input or [Path("-")]), output=output,
+                parts=parts, resume=resume, address=ray_address, as_json=as_json,
+                alignment_layer=layer, on_bad_utf8=on_bad_utf8, ray_logs=verbose,
+            )  # fmt: skip
+            return translate_on_ray(job, verbosity)
         for flag, given in (("--parts", parts), ("--resume", resume), ("-i twice", len(input) > 1)):
             if given:
                 raise UsageError(f"{flag} is for --ray only")
@@ -201,59 +210,28 @@ def translate(
             on_bad_utf8=on_bad_utf8,
             on_compile=lambda text: info(text, verbosity),
             on_fallback=lambda reason: warn(f"{FALLBACK}: {reason}"),
-            progress=(
-                (lambda total: CountProgress(err_console, "translate", total))
-                if verbosity.progress
-                else None
-            ),
+            progress=line_progress(verbosity),
         )
         for message in report.warnings():
             warn(message)
         info(report.summary(), verbosity)
 
 
-def ray_job(
-    models: list[Path],
-    cfg: DecodeConfig,
-    inputs: list[Path],
-    output: Path | None,
-    address: str | None,
-    parts: bool,
-    resume: bool,
-    as_json: bool,
-    alignment_layer: int | None,
-) -> RayJob:
-    """The job of `--ray` (`address` None: the default cluster)."""
-    from nmt_cli.engines.translate.ray_corpus import RayJob
-
-    return RayJob(
-        models=tuple(models),
-        cfg=cfg,
-        inputs=tuple(inputs or [Path("-")]),
-        output=output,
-        parts=parts,
-        resume=resume,
-        address=address,
-        as_json=as_json,
-        alignment_layer=alignment_layer,
-    )
-
-
 def translate_on_ray(job: RayJob, verbosity: Verbosity) -> None:
     """The `--ray` side of the command: the engine, then its warnings and summary."""
     from nmt_cli.engines.translate import ray_corpus
 
-    report = ray_corpus.translate_on_ray(
-        dataclasses.replace(job, ray_logs=verbosity.verbose),
-        progress=(
-            (lambda total: CountProgress(err_console, "translate", total))
-            if verbosity.progress
-            else None
-        ),
-    )
+    report = ray_corpus.translate_on_ray(job, progress=line_progress(verbosity))
     for message in report.warnings():
         warn(message)
     info(report.summary(), verbosity)
+
+
+def line_progress(verbosity: Verbosity) -> Callable[[int | None], CountProgress] | None:
+    """Progress in lines translated, for a person watching."""
+    if not verbosity.progress:
+        return None
+    return lambda total: CountProgress(err_console, "translate", total)
 
 
 def warn_emulated_bf16(precision: str, device: str) -> None:
