@@ -1,6 +1,7 @@
 # Everything a fresh machine needs: `make demo` and `make test` create the virtual
 # environment, install the pinned dependencies (constraints.txt) and run. The optional
-# extras (plot: matplotlib, tensorboard, export, serve, import) are installed too, so their tests run.
+# extras (plot: matplotlib, tensorboard, export, serve, import, ray) are installed too, so their
+# tests run.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0 -c constraints.txt
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,plot,tensorboard,export,serve,import]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,plot,tensorboard,export,serve,import,ray]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,15 +1,15 @@
 """Libraries a command may need that a Python environment may lack, imported in one way.
 
 Every import of sacremoses, datasets, matplotlib, tensorboard, ctranslate2, transformers,
-starlette or uvicorn goes through `require` (the last two once, before the modules of
-`engines/serve` that import them). A library's absence is then a one-line `NmtError`
-that names the package, how to install it (the nmt-cli extra that brings it, or the
-package itself for a core dependency a bare machine lacks) and the setting that avoids
-needing it, never an "internal error" from a ModuleNotFoundError deep in a command.
-Where the work goes on without the library (TensorBoard logs, `nmt run`'s training
-curves), the caller catches `MissingPackage` and shows the same message as a notice.
-The extras named here are pyproject.toml's `[project.optional-dependencies]`; a test
-keeps the two in step.
+starlette, uvicorn (these two once, before the modules of `engines/serve` that import
+them) or ray (`nmt translate --ray`) goes through `require`. A library's absence is then
+a one-line `NmtError` that names the package, how to install it (the nmt-cli extra that
+brings it, or the package itself for a core dependency a bare machine lacks) and the
+setting that avoids needing it, never an "internal error" from a ModuleNotFoundError deep
+in a command. Where the work goes on without the library (TensorBoard logs, `nmt run`'s
+training curves), the caller catches `MissingPackage` and shows the same message as a
+notice. The extras named here are pyproject.toml's `[project.optional-dependencies]`; a
+test keeps the two in step.
 
 A module that runs only after its library's gate (the drawing code after
 `pictures.backend.new_figure`) imports the library's submodules directly.
@@ -36,6 +36,7 @@ PACKAGES: dict[str, str] = {
     "uvicorn": "serve",
     "safetensors": "import",
     "subword_nmt": "import",
+    "ray": "ray",
 }
 # Modules of other packages that import one of the above.
 _PACKAGE_OF = {"torch.utils.tensorboard": "tensorboard"}

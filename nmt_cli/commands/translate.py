@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -21,6 +23,9 @@ from nmt_cli.config import DECODE_PRECISIONS, DecodeConfig, DecodePrecision
 from nmt_cli.core.settings import SettingError
 from nmt_cli.errors import UsageError
 
+if TYPE_CHECKING:
+    from nmt_cli.engines.translate.ray_corpus import RayJob
+
 FALLBACK = "decoding with the slower Python step"
 _D = DecodeConfig()  # the defaults: the paper's decoding settings (section 6.1)
 # the recipe's decode.* keys as this command's flags, for messages about their values
@@ -34,6 +39,7 @@ _FLAGS = {
     "decode.batch_tokens": "--batch-tokens",
     "decode.threads": "--threads",
     "decode.workers": "--workers",
+    "decode.buffer_lines": "--buffer-lines",
 }
 
 
@@ -45,8 +51,13 @@ def translate(
         metavar="PATH",
         help="Checkpoint (.pt); repeat: an ensemble.",
     ),
-    input: Path | None = typer.Option(
-        None, "--input", "-i", help="Text to translate; default or -: stdin."
+    input: list[Path] = typer.Option(
+        [],
+        "--input",
+        "-i",
+        metavar="PATH",
+        help="Text; default or -: stdin. --ray: repeatable.",
+        show_default=False,
     ),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Output; default or -: stdout; .gz compresses."
@@ -81,12 +92,20 @@ def translate(
         _D.precision, "--precision", help="fp32, bf16, fp16, int8 or auto."
     ),
     device: str = typer.Option(_D.device, "--device", help="cpu, cuda, cuda:N or auto."),
-    threads: int = typer.Option(_D.threads, "--threads", help="CPU threads; 0 = all usable."),
+    threads: int = typer.Option(
+        _D.threads,
+        "--threads",
+        help="CPU threads; default 0: all usable (--ray: below).",
+        show_default=False,
+    ),
     workers: int = typer.Option(
         _D.workers,
         "--workers",
         help="Batches at once on CPU; default 0: one a thread.",
         show_default=False,
+    ),
+    buffer_lines: int = typer.Option(
+        _D.buffer_lines, "--buffer-lines", help="Lines sorted by length together."
     ),
     python_step: bool = typer.Option(
         not _D.compiled_step, "--python-step", help="CPU: decode in Python, not in C++."
@@ -102,6 +121,22 @@ def translate(
         show_default=False,
     ),
     on_bad_utf8: str = on_bad_utf8_option(),
+    ray: bool = typer.Option(
+        False, "--ray", help="Translate on a Ray cluster (below; the ray extra)."
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        metavar="ADDRESS",
+        help="host:port, ray://host:port or local; implies --ray.",
+        show_default=False,
+    ),
+    parts: bool = typer.Option(
+        False, "--parts", help="--ray: -o is a directory of parts with a manifest."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="--ray: keep the blocks a stopped run wrote in -o."
+    ),
     quiet: bool = quiet_option(),
     verbose: bool = verbose_option(),
 ) -> None:
@@ -127,40 +162,77 @@ def translate(
     Several --model checkpoints decode as one ensemble: their log-probabilities
     are averaged at every step (they must share one vocabulary; alignments
     average the members' attention).
-    """
-    from nmt_cli.engines.translate.stream import translate_file
 
+    \b
+    --ray translates on a Ray cluster: --ray-address's, RAY_ADDRESS's, the
+    one this machine joined with `ray start`, or else a new one here. The
+    inputs (-i, repeatable) are read as one text and cut into blocks of
+    --buffer-lines lines, each translated by one of --workers actors
+    (default: as many as the cluster's CPUs hold) of one model and
+    --threads threads (default 1) and written as soon as it is back; the
+    output is the same as without --ray. With --parts, -o DIR gets a part
+    a block and a manifest.json instead of one file. After a stop, the same
+    command with --resume translates only the blocks not yet written. The
+    checkpoints must be at the same path on every machine.
+    """
     verbosity = Verbosity(quiet, verbose)
     with user_errors(verbose):
         cfg = decode_config_of_flags(
             beam_size=beam, length_penalty=alpha, max_len_a=max_len_a, max_len_b=max_len_b,
             nbest=nbest, batch_sentences=batch_size, batch_tokens=batch_tokens,
             precision=precision_flag(precision), device=device, threads=threads, workers=workers,
-            compiled_step=not python_step,
+            buffer_lines=buffer_lines, compiled_step=not python_step,
         )  # fmt: skip
         alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
+        layer = alignment_layer if alignment else None  # 0: the penultimate; None: none
+        if ray or ray_address is not None:
+            from nmt_cli.engines.translate.ray_corpus import RayJob
+
+            job = RayJob(
+                models=tuple(model), cfg=cfg, inputs=tuple(input or [Path("-")]), output=output,
+                parts=parts, resume=resume, address=ray_address, as_json=as_json,
+                alignment_layer=layer, on_bad_utf8=on_bad_utf8, ray_logs=verbose,
+            )  # fmt: skip
+            return translate_on_ray(job, verbosity)
+        for flag, given in (("--parts", parts), ("--resume", resume), ("-i twice", len(input) > 1)):
+            if given:
+                raise UsageError(f"{flag} is for --ray only")
+        from nmt_cli.engines.translate.stream import translate_file
+
         warn_emulated_bf16(cfg.precision, cfg.device)
         report = translate_file(
             model,
             cfg,
-            input,
+            input[0] if input else None,
             output,
             as_json=as_json,
-            # 0: the default layer (the penultimate); None: no alignments
-            alignment_layer=alignment_layer if alignment else None,
+            alignment_layer=layer,
             on_bad_utf8=on_bad_utf8,
             on_compile=lambda text: info(text, verbosity),
             on_fallback=lambda reason: warn(f"{FALLBACK}: {reason}"),
-            progress=(
-                (lambda total: CountProgress(err_console, "translate", total))
-                if verbosity.progress
-                else None
-            ),
+            progress=line_progress(verbosity),
             on_plan=(lambda line: info(f"plan: {line}", verbosity)) if verbose else None,
         )
         for message in report.warnings():
             warn(message)
         info(report.summary(), verbosity)
+
+
+def translate_on_ray(job: RayJob, verbosity: Verbosity) -> None:
+    """The `--ray` side of the command: the engine, then its warnings and summary."""
+    from nmt_cli.engines.translate import ray_corpus
+
+    report = ray_corpus.translate_on_ray(job, progress=line_progress(verbosity))
+    for message in report.warnings():
+        warn(message)
+    info(report.summary(), verbosity)
+
+
+def line_progress(verbosity: Verbosity) -> Callable[[int | None], CountProgress] | None:
+    """Progress in lines translated, for a person watching."""
+    if not verbosity.progress:
+        return None
+    return lambda total: CountProgress(err_console, "translate", total)
 
 
 def warn_emulated_bf16(precision: str, device: str) -> None:

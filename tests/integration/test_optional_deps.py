@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_every_package_names_an_extra_of_pyproject() -> None:
     extras = project["optional-dependencies"]
     for package, extra in PACKAGES.items():
         wanted = extras[extra] if extra else project["dependencies"]
-        assert any(r.split(">")[0].split("=")[0].strip() == package for r in wanted), package
+        assert any(re.split(r"[\[<>=~!; ]", r)[0] == package for r in wanted), package
 
 
 def test_score_without_sacremoses_names_no_paper_which_still_works(
@@ -158,3 +159,19 @@ def test_tensorboard_missing_is_a_notice_naming_the_setting(
             assert "tensorboard is not installed" in notices[0]
             assert "pip install 'nmt-cli[tensorboard]'" in notices[0]
             assert "train.tensorboard = false" in notices[0]
+
+
+def test_translate_on_ray_without_ray_names_the_extra_and_nothing_else_changes(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hide(monkeypatch, "ray")
+    source, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("the cat\na dog\n", encoding="utf-8")
+    args = ("translate", "-m", str(model), "-i", str(source), "-o", str(out), "--beam", "1")
+    line = one_error(nmt(*args, "--ray"), 1, "ray is not installed", "nmt translate --ray")
+    assert "pip install 'nmt-cli[ray]'" in line and "leave out --ray" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+    result = nmt(*args, "--threads", "1")
+    no_escape(result)
+    assert result.exit_code == 0, result.output
+    assert len(out.read_text(encoding="utf-8").splitlines()) == 2

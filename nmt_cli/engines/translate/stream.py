@@ -134,6 +134,16 @@ def format_translations(
     return text.encode("utf-8", errors="replace")
 
 
+def truncation_warning(stats: TranslateStats, max_source: int) -> str:
+    """What to tell of the lines cut to the model's positions (`stats.truncated` > 0)."""
+    lines = ", ".join(map(str, stats.truncated_lines))
+    return (
+        f"{stats.truncated} input line(s) longer than {max_source} "
+        f"subword tokens were truncated (lines {lines}"
+        f"{', ...' if stats.truncated > len(stats.truncated_lines) else ''})"
+    )
+
+
 class Progress(Protocol):
     def advance(self, n: int = 1) -> None: ...
 
@@ -150,12 +160,7 @@ class FileReport:
         """Replaced bytes, then truncated lines."""
         stats, out = self.stats, [self.replaced] if self.replaced else []
         if stats.truncated:
-            lines = ", ".join(map(str, stats.truncated_lines))
-            out.append(
-                f"{stats.truncated} input line(s) longer than {self.translator.max_source} "
-                f"subword tokens were truncated (lines {lines}"
-                f"{', ...' if stats.truncated > len(stats.truncated_lines) else ''})"
-            )
+            out.append(truncation_warning(stats, self.translator.max_source))
         return out
 
     def summary(self) -> str:
