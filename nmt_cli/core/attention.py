@@ -10,8 +10,9 @@ separately, because its blocks change what is computed, not how fast.
 
 Rows x heads are folded into one batch dimension so the two products are plain batched
 products (`bmm`, free views of a contiguous decoding cache), and a mask enters as an
-additive bias of 0 and -inf in the first product itself (`baddbmm`): adding 0 or -inf is
-exact, so this equals masking the scores afterwards, bit for bit.
+additive bias of 0 and -inf (in the first product itself, `baddbmm`, where the bias is a
+decoding cache's, one per row and head): adding 0 or -inf is exact, so this equals
+masking the scores afterwards, bit for bit.
 """
 
 from __future__ import annotations
@@ -54,14 +55,17 @@ def attention_with_weights(
     not to the weights returned."""
     b, h, length, d_k = q.shape
     keys = k.size(2)
-    bias = _bias(mask, causal, (b, h, length, keys), q)
+    bias = _bias(mask, causal, length, keys, q)
     queries = q.reshape(b * h, length, d_k)
     keys_t = k.reshape(b * h, keys, d_k).transpose(1, 2)
     scale = 1.0 / math.sqrt(d_k)
-    if bias is None:
-        scores = torch.bmm(queries, keys_t).mul_(scale)
+    if bias is not None and bias.shape == (b, h, length, keys) and bias.is_contiguous():
+        # a bias per row and head (a decoding cache's): added in the product itself
+        scores = torch.baddbmm(bias.view(b * h, length, keys), queries, keys_t, alpha=scale)
     else:
-        scores = torch.baddbmm(bias, queries, keys_t, alpha=scale)
+        scores = torch.bmm(queries, keys_t).mul_(scale)
+        if bias is not None:  # broadcast over heads and queries, never copied out
+            scores = scores.view(b, h, length, keys).add_(bias).view(b * h, length, keys)
     weights = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = weights.to(v.dtype)
     dropped = F.dropout(weights, dropout_p, True) if dropout_p > 0.0 else weights
@@ -81,13 +85,11 @@ def attention(
     return attention_with_weights(q, k, v, mask, causal, dropout_p)[0]
 
 
-def _bias(
-    mask: Tensor | None, causal: bool, shape: tuple[int, int, int, int], like: Tensor
-) -> Tensor | None:
-    """The mask and the causal rule as one additive (B * h, L, S) bias, or None."""
+def _bias(mask: Tensor | None, causal: bool, length: int, keys: int, like: Tensor) -> Tensor | None:
+    """The mask and the causal rule as one additive bias of 0 and -inf that broadcasts to
+    the scores (B, h, L, S), or None."""
     if mask is None and not causal:
         return None
-    b, h, length, keys = shape
     bias = torch.zeros((), dtype=like.dtype, device=like.device)
     if mask is not None and mask.is_floating_point():
         bias = mask.to(like.dtype)
@@ -98,7 +100,7 @@ def _bias(
         future = torch.ones(length, keys, dtype=torch.bool, device=like.device)
         causal_bias = torch.zeros(length, keys, dtype=like.dtype, device=like.device)
         bias = bias + causal_bias.masked_fill_(future.triu(keys - length + 1), -math.inf)
-    return bias.expand(b, h, length, keys).reshape(b * h, length, keys)
+    return bias
 
 
 def fused_attention(
