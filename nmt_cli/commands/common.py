@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -124,3 +124,11 @@ def recipe_from_cli(path: str, overrides: list[str] | None) -> RecipeConfig:
     from nmt_cli.config import load_recipe
 
     return load_recipe(path, overrides or [])
+
+
+def startup_printer(verbosity: Verbosity) -> Callable[[str], None] | None:
+    """--verbose: a line as training's start-up enters each phase (rank 0's, under
+    torchrun), for the guard of `nmt train` and `nmt run` (nmt_cli/interrupts.py)."""
+    if not verbosity.verbose or os.environ.get("RANK", "0") != "0":
+        return None
+    return lambda phase: info(f"start-up: {phase}", verbosity)

@@ -15,6 +15,7 @@ from nmt_cli.commands.common import (
     err_console,
     quiet_option,
     recipe_from_cli,
+    startup_printer,
     user_errors,
     verbose_option,
     warn,
@@ -50,12 +51,16 @@ def run(
     paper's Table 2 and writes results.json into the run directory. Training stopped
     by Ctrl-C or SIGTERM exits with 130 or 143 and skips the later stages.
     """
-    from nmt_cli.commands.prepare_progress import StageProgress
-    from nmt_cli.commands.train_display import TrainDisplay
-    from nmt_cli.engines.run import RunHooks, RunOptions, StageNotice, run_recipe
+    from nmt_cli.interrupts import stoppable_startup
 
     verbosity = Verbosity(quiet, verbose)
-    with user_errors(verbose):
+    # As `nmt train`'s: until training's first update a signal stops the command at once,
+    # a main thread stuck in native code included (the guard's watchdog ends it).
+    with user_errors(verbose), stoppable_startup(startup_printer(verbosity), exit_on_stall=True):
+        from nmt_cli.commands.prepare_progress import StageProgress
+        from nmt_cli.commands.train_display import TrainDisplay
+        from nmt_cli.engines.run import RunHooks, RunOptions, StageNotice, run_recipe
+
         for flag, value in (("--gpus", gpus), ("--procs", procs or 0)):
             if value < 0:
                 raise UsageError(f"{flag} must not be negative, got {value}")

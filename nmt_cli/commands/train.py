@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -15,9 +13,9 @@ from nmt_cli.commands.common import (
     SET_HELP,
     Verbosity,
     err_console,
-    info,
     quiet_option,
     recipe_from_cli,
+    startup_printer,
     user_errors,
     verbose_option,
 )
@@ -70,7 +68,7 @@ def train(
 
     verbosity = Verbosity(quiet, verbose)
     # Before PyTorch is imported: a signal then already stops the command at once.
-    with user_errors(verbose), stoppable_startup(_phase_printer(verbosity), exit_on_stall=True):
+    with user_errors(verbose), stoppable_startup(startup_printer(verbosity), exit_on_stall=True):
         from nmt_cli.commands.train_display import TrainDisplay, summary_table
         from nmt_cli.engines.train import TrainOptions
         from nmt_cli.engines.train import train as run_training
@@ -104,13 +102,6 @@ def train(
             )
         if result.rank == 0:
             typer.echo(str(result.last_checkpoint or result.run_dir / "checkpoints" / "last.pt"))
-
-
-def _phase_printer(verbosity: Verbosity) -> Callable[[str], None] | None:
-    """--verbose: a line as start-up enters each phase (rank 0's, under torchrun)."""
-    if not verbosity.verbose or os.environ.get("RANK", "0") != "0":
-        return None
-    return lambda phase: info(f"start-up: {phase}", verbosity)
 
 
 def _dry_run(cfg: RecipeConfig, size: int) -> None:

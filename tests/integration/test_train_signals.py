@@ -128,12 +128,19 @@ main()
 class Train:
     """`nmt train` with one phase made to wait; stderr read as it comes."""
 
-    def __init__(self, stall: str, recipe: Path, *args: str, ignore_sigint: bool = False):
+    def __init__(
+        self,
+        stall: str,
+        recipe: Path,
+        *args: str,
+        ignore_sigint: bool = False,
+        command_name: str = "train",
+    ):
         code = PRELUDE + textwrap.dedent(STALLS[stall]) + RUN_CLI
         self.lines: list[str] = []
         self.ended = False
         self._new_line = threading.Condition()
-        command = [sys.executable, "-c", code, "train", str(recipe), "--verbose", *args]
+        command = [sys.executable, "-c", code, command_name, str(recipe), "--verbose", *args]
         if ignore_sigint:  # as a background job of a script starts: SIGINT ignored
             command = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *command]
         self.proc = subprocess.Popen(
@@ -281,6 +288,18 @@ def test_the_layout_probe_in_native_code(recipe: Path, tmp_path: Path) -> None:
     run.wait_for("start-up: measuring the CPU layout (2 threads or 2 processes)")
     line = interrupted(run, signal.SIGINT, "probe-main", lock=tmp_path / "run/train.lock")
     assert "while measuring the CPU layout" in line
+
+
+def test_nmt_run_stops_the_same_way(recipe: Path, tmp_path: Path) -> None:
+    """`nmt run` trains through the same start-up: --verbose names its phases, and a main
+    thread in native code is ended by the watchdog, the run's later stages never reached."""
+    run = Train(
+        "probe-main", recipe, "--from", "train", "--set", "train.threads=0", command_name="run"
+    )
+    run.wait_for("start-up: measuring the CPU layout (2 threads or 2 processes)")
+    line = interrupted(run, signal.SIGINT, "probe-main", lock=tmp_path / "run/train.lock")
+    assert "while measuring the CPU layout" in line
+    assert not (tmp_path / "run/results.json").exists()
 
 
 def test_the_layout_probe_waiting_for_its_threads(recipe: Path, tmp_path: Path) -> None:
