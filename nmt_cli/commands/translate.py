@@ -120,6 +120,13 @@ def translate(
         help="Decoder layer aligning; default 0: the penultimate.",
         show_default=False,
     ),
+    constraints: Path | None = typer.Option(
+        None, "--constraints", help="Target phrases each line must hold (see below)."
+    ),
+    prefix: str | None = typer.Option(None, "--prefix", help="Target prefix of every line."),
+    prefix_file: Path | None = typer.Option(
+        None, "--prefix-file", help="Target prefix of each line, one a line."
+    ),
     on_bad_utf8: str = on_bad_utf8_option(),
     ray: bool = typer.Option(
         False, "--ray", help="Translate on a Ray cluster (below; the ray extra)."
@@ -164,6 +171,14 @@ def translate(
     average the members' attention).
 
     \b
+    --constraints FILE: line N of FILE holds the target phrases (terminology)
+    line N's translation must contain, separated by tabs; an empty line, none.
+    Each phrase, once begun, is written whole; the end comes only after all
+    of them. --prefix TEXT (or --prefix-file, one a line) is where every
+    translation starts. A parsing model's outputs are always well-formed
+    trees with one slot per input word.
+
+    \b
     --ray translates on a Ray cluster: --ray-address's, RAY_ADDRESS's, the
     one this machine joined with `ray start`, or else a new one here. The
     inputs (-i, repeatable) are read as one text and cut into blocks of
@@ -186,6 +201,8 @@ def translate(
         alignment = alignment or alignment_layer != 0  # a layer alone asks for alignments
         layer = alignment_layer if alignment else None  # 0: the penultimate; None: none
         if ray or ray_address is not None:
+            if constraints or prefix is not None or prefix_file:
+                raise UsageError("--constraints, --prefix and --prefix-file are not for --ray")
             from nmt_cli.engines.translate.ray_corpus import RayJob
 
             job = RayJob(
@@ -212,6 +229,9 @@ def translate(
             on_fallback=lambda reason: warn(f"{FALLBACK}: {reason}"),
             progress=line_progress(verbosity),
             on_plan=(lambda line: info(f"plan: {line}", verbosity)) if verbose else None,
+            prefix=prefix,
+            prefix_file=prefix_file,
+            constraints=constraints,
         )
         for message in report.warnings():
             warn(message)

@@ -30,6 +30,7 @@ Attention for pictures and alignments: with `need_weights`, beam search asks the
 each step's attention weights and keeps them with a back-pointer per row, and every
 returned hypothesis carries the weights of the very steps that produced its tokens. Without
 it (every normal translation) nothing is recorded and the loop is the one above.
+A constraint (core/constraints.py) is searched the same way: the model is wrapped.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.core.beam_advance import Advance, mask_specials, with_ends
+from nmt_cli.core.constraints import ConstraintState, constrain
 from nmt_cli.core.search_trace import Trace
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -143,17 +145,21 @@ def greedy_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     length_penalty: float = 0.6,
+    constraint: ConstraintState | None = None,
 ) -> list[list[Hypothesis]]:
     """Argmax decoding: the same output as beam_search with beam_size=1, written on its
     own (one row per sentence, no candidate bookkeeping) because it is the cheapest search
-    and training uses it for validation BLEU. `length_penalty` only affects the scores."""
+    and training uses it for validation BLEU. `length_penalty` only affects the scores.
+    `constraint`: one row per sentence, searched as core/constraints.py says."""
     n = src.size(0)
     device = src.device
     alpha = length_penalty
+    limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
+    if constraint is not None:
+        model, limit = constrain(model, constraint, limit)
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)
     cache = model.new_cache()
-    limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
     cache.reserve(int(limit.max()) + 1)
     first_limit = int(limit.min())  # no row reaches its limit before this step
     alive = torch.arange(n, device=device)  # original sentence of each row
@@ -201,6 +207,7 @@ def beam_search(
     max_len_b: int = 50,
     nbest: int = 1,
     need_weights: bool = False,
+    constraint: ConstraintState | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch: src (B, S) right-padded with 0, each row ids + [EOS].
 
@@ -209,12 +216,14 @@ def beam_search(
     carries the attention weights of the steps that produced it (`Hypothesis.attention`);
     beam 1 then gives greedy search's output with its weights. The model chooses each
     step's candidates (`Searchable.advance`) and the sentence slots kept (`slots`).
+    `constraint`: one row per sentence, searched as core/constraints.py says.
     """
     if beam_size < 1:
         raise ValueError(f"beam size must be at least 1, got {beam_size}")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and the beam size {beam_size}, got {nbest}")
-    search = _BeamSearch(model, src, beam_size, length_penalty, max_len_a, max_len_b, nbest)
+    limits = (max_len_a, max_len_b)
+    search = _BeamSearch(model, src, beam_size, length_penalty, limits, nbest, constraint)
     if need_weights:
         search.trace = Trace()
     return search.run()
@@ -229,12 +238,14 @@ class _BeamSearch:
         src: Tensor,
         beam: int,
         alpha: float,
-        max_len_a: float,
-        max_len_b: int,
+        limits: tuple[float, int],
         nbest: int,
+        constraint: ConstraintState | None,
     ) -> None:
+        self.limit = max_output_lengths(src, *limits, model.max_positions)
+        if constraint is not None:
+            model, self.limit = constrain(model, constraint, self.limit)
         self.model, self.src, self.k, self.alpha, self.nbest = model, src, beam, alpha, nbest
-        self.limit = max_output_lengths(src, max_len_a, max_len_b, model.max_positions)
         # Largest penalty a hypothesis of each sentence can reach (EOS at the length limit).
         self.lp_at_limit = length_penalty_value(self.limit.double() + 1.0, alpha)
         n = src.size(0)

@@ -16,6 +16,7 @@ from unix_helpers import one_error
 from nmt_cli.cli import app
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.prepare.treebank import target_form
+from nmt_cli.trees.linearize import delinearize
 from nmt_cli.trees.scoring import score_trees
 from nmt_cli.trees.tree import read_tree
 
@@ -220,6 +221,7 @@ def test_run_goes_from_the_preset_to_evalb_f1(parsing_run: Path) -> None:
         expected = score_trees(hyps, gold, words)
         assert parse["f1"] == pytest.approx(expected.f1)
         assert parse["repaired"] == expected.repaired and parse["lines"] == len(gold) == 3
+        assert parse["repaired"] == 0  # constrained search writes trees (trees/constraint.py)
         assert parse["signature"] == expected.signature
         trees = Path(parse["trees"]).read_text().splitlines()
         assert trees == expected.trees
@@ -237,6 +239,26 @@ def test_run_goes_from_the_preset_to_evalb_f1(parsing_run: Path) -> None:
             ],
         )
         assert json.loads(rescored.stdout)["all"]["f1"] == pytest.approx(parse["f1"])
+
+
+def test_a_parsing_model_translates_into_trees_over_the_words(parsing_run: Path) -> None:
+    """`nmt translate` with a parsing model constrains it: an untrained model's every
+    output is a well-formed tree with one slot per word (repairs 0), at beam 1 and 3, and
+    a prefix or constraints are refused."""
+    data = open_data_dir(parsing_run / "data")
+    words = data.raw_text("test", "src").read_text().splitlines()
+    words += ["a b c d e f g h i j k l", "x"]  # a long sentence; one word
+    model = str(parsing_run / "run" / "checkpoints" / "last.pt")
+    for beam in ("1", "3"):
+        args = ["translate", "-m", model, "--beam", beam, "--max-len-b", "0", "-q"]
+        result = runner.invoke(app, args, input="\n".join(words) + "\n")
+        assert result.exit_code == 0, result.output
+        outputs = result.stdout.splitlines()
+        for output, sentence in zip(outputs, words, strict=True):
+            read = delinearize(output, sentence.split())
+            assert read.repairs == () and read.tree.words() == sentence.split(), output
+    refused = runner.invoke(app, ["translate", "-m", model, "--prefix", "(S"], input="a b\n")
+    one_error(refused, 2, "this is a parsing model")
 
 
 def test_run_refuses_to_score_trees_as_text(parsing_run: Path, treebank_zip: Path) -> None:

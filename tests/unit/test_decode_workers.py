@@ -22,12 +22,16 @@ class Echo:
     """Stands in for a Translator (a workers.RowDecoder): 'decodes' each row into its own
     tokens, and reports which process did it."""
 
-    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
+    def decode_rows(
+        self, rows: list[list[int]], attention: bool = False, needs: object = None
+    ) -> list[list[Hypothesis]]:
         return [[Hypothesis(row, float(os.getpid()), float(attention))] for row in rows]
 
 
 class Dies:
-    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
+    def decode_rows(
+        self, rows: list[list[int]], attention: bool = False, needs: object = None
+    ) -> list[list[Hypothesis]]:
         os._exit(9)
 
 
@@ -64,7 +68,9 @@ def test_a_worker_that_dies_is_a_clear_error() -> None:
 class FailsOnZero:
     """Raises on a batch whose first token is 0 (as a decoding bug would); echoes others."""
 
-    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
+    def decode_rows(
+        self, rows: list[list[int]], attention: bool = False, needs: object = None
+    ) -> list[list[Hypothesis]]:
         if rows[0][0] == 0:
             raise ValueError("cannot decode token 0")
         return Echo().decode_rows(rows, attention)
@@ -73,7 +79,9 @@ class FailsOnZero:
 class Slow:
     """Takes `rows[0][0]` tenths of a second, then dies if the first token is 9."""
 
-    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
+    def decode_rows(
+        self, rows: list[list[int]], attention: bool = False, needs: object = None
+    ) -> list[list[Hypothesis]]:
         time.sleep(rows[0][0] / 10)
         if rows[0][0] == 9:
             os._exit(9)

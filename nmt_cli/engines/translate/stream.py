@@ -21,6 +21,7 @@ from typing import Protocol
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.engines.translate.chunks import read_chunks
+from nmt_cli.engines.translate.forced_input import ForcedReader, forced_files
 from nmt_cli.engines.translate.translator import TranslatedHypothesis, Translation, Translator
 from nmt_cli.heap import Releaser
 from nmt_cli.outputs import check_output_path, open_output
@@ -57,14 +58,17 @@ def translate_stream(
     translator: Translator,
     chunks: Iterable[list[str]],
     emit: Callable[[list[Translation], int, float], None],
+    forced: ForcedReader | None = None,
 ) -> TranslateStats:
     """Translate chunk after chunk; `emit(translations, first_line, seconds)` writes each
-    chunk's results (in input order) before the next chunk is read."""
+    chunk's results (in input order) before the next chunk is read. `forced` reads what
+    each line's translation must hold along with the lines."""
     stats = TranslateStats()
     start = time.perf_counter()
     for chunk in chunks:
         t0 = time.perf_counter()
-        results = translator.translate_chunk(chunk)
+        wants = forced.take(chunk) if forced is not None else None
+        results = translator.translate_chunk(chunk, forced=wants)
         seconds = time.perf_counter() - t0
         stats.decode_seconds += seconds
         for n, result in enumerate(results, start=stats.lines + 1):
@@ -77,6 +81,8 @@ def translate_stream(
                 stats.target_tokens += result.hypotheses[0].length
         emit(results, stats.lines + 1, seconds)
         stats.lines += len(chunk)
+    if forced is not None:
+        forced.finish()
     stats.seconds = time.perf_counter() - start
     return stats
 
@@ -186,6 +192,9 @@ def translate_file(
     on_fallback: Callable[[str], None] | None = None,
     progress: Callable[[int | None], AbstractContextManager[Progress]] | None = None,
     on_plan: Callable[[str], None] | None = None,
+    prefix: str | None = None,
+    prefix_file: Path | None = None,
+    constraints: Path | None = None,
 ) -> FileReport:
     """Translate `input` (None or `-`: stdin) into `output` (None or `-`: stdout), one line
     per line, as `nmt translate` does.
@@ -194,12 +203,19 @@ def translate_file(
     word alignments (0: the default layer; None: none). `progress(total lines or None)`
     gives what is told of every chunk written. A regular output file is replaced only when
     every line is written; freed heap pages go back to the system after each chunk.
+    `prefix` (every line's), `prefix_file` (one a line) and `constraints` (a file: per
+    line, tab-separated phrases) say what the translations must hold (forced.py).
     """
     decoder = StreamDecoder(display_name(input or "-"), LineDecoder(on_bad_utf8))
-    if input is not None:
-        check_readable(input)
-    check_output_path(output, inputs=[*models, input])
+    for path in (input, prefix_file, constraints):
+        if path is not None:
+            check_readable(path)
+    check_output_path(output, inputs=[*models, input, prefix_file, constraints])
     translator = Translator.load(models, cfg, alignment_layer, on_compile, on_fallback)
+    room = translator.max_target
+    forced = forced_files(
+        translator.vocab.tgt, room, prefix, prefix_file, constraints, decoder.decoder
+    )
     if on_plan is not None:
         for line in translator.plan:
             on_plan(line)
@@ -220,7 +236,7 @@ def translate_file(
 
         chunks = read_chunks(source, cfg.buffer_lines, decode=decoder, name=str(decoder.path))
         stack.enter_context(translator)  # stops its workers, waiting only after a clean end
-        stats = translate_stream(translator, chunks, emit)
+        stats = translate_stream(translator, chunks, emit, forced)
     return FileReport(stats, translator, decoder.decoder.warning())
 
 

@@ -10,6 +10,11 @@ Lines go in chunks (`chunks.py`); in a chunk, sentences are sorted by length int
 CPU: `workers.py`), and put back in input order. Empty lines give empty lines without
 touching the model; inputs longer than the model's positions are truncated and counted,
 never dropped.
+
+Search may be constrained (core/constraints.py): a parsing model's (its recipe scores
+trees) always is, so that every output is a well-formed tree with a slot per word of its
+line (trees/constraint.py); a translation's is when the caller gives a target prefix or
+phrases it must contain (forced.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torch import Tensor, nn
 from nmt_cli.config import CPU_BATCH_SENTENCES, GPU_BATCH_SENTENCES, DecodeConfig
 from nmt_cli.core.batching import pad_sources
 from nmt_cli.core.checkpoint import Checkpoint
+from nmt_cli.core.constraints import ConstraintState
 from nmt_cli.core.ensemble import Ensemble, Member
 from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
 from nmt_cli.core.search import (
@@ -41,6 +47,8 @@ from nmt_cli.engines.models import (
 )
 from nmt_cli.engines.translate.alignment import format_alignment, hard_alignment
 from nmt_cli.engines.translate.chunks import chunked
+from nmt_cli.engines.translate.forced import ForcedIds, PhraseState
+from nmt_cli.engines.translate.forced_input import ForcedReader
 from nmt_cli.engines.translate.loading import (
     decode_config,
     resolve_device,
@@ -54,7 +62,9 @@ from nmt_cli.engines.translate.views import (
     decoder_layers,
     default_layer,
 )
-from nmt_cli.engines.translate.workers import DecodePool
+from nmt_cli.engines.translate.workers import DecodePool, Needs
+from nmt_cli.errors import UsageError
+from nmt_cli.trees.constraint import TreeVocabulary
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,8 @@ class Translator:
             CPU_BATCH_SENTENCES if on_cpu else GPU_BATCH_SENTENCES
         )
         self._pool: DecodePool | None = None
+        # A parsing model's tree pieces: its every output is constrained to a tree.
+        self.trees: TreeVocabulary | None = None
         # How each operation runs, in words (the planner's and the backend's choices).
         self.plan: list[str] = []
         self.aligner: CrossAttentionOf | None = None
@@ -185,6 +197,8 @@ class Translator:
         )
         translator = cls(model, vocab, cfg, workers, alignment_layer, precision, threads)
         translator.plan = plan
+        if ckpts[0].recipe and ckpts[0].recipe.get("score", {}).get("metric") == "trees":
+            translator.trees = TreeVocabulary.of(vocab.tgt)
         return translator
 
     @property
@@ -209,30 +223,61 @@ class Translator:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close(wait=exc_type is None)
 
-    def translate(self, texts: str | Iterable[str], attention: bool = False) -> list[Translation]:
+    def translate(
+        self,
+        texts: str | Iterable[str],
+        attention: bool = False,
+        prefix: str | Iterable[str] | None = None,
+        constraints: Iterable[Sequence[str]] | None = None,
+    ) -> list[Translation]:
         """Translations of `texts` in their order (a single string counts as one text).
 
         Each Translation has `.text` (the best), `.hypotheses` (the nbest, best first, with
         score, log_prob, length and, with `attention=True`, their source attention: one
         decoder layer's cross-attention averaged over heads, recorded by the search) and
         `.truncated`. Reads an iterator in chunks of `buffer_lines`, like the command.
+        `prefix` (one text for every line, or one per line) is where each translation
+        starts; `constraints` (per line, a list of phrases) are target phrases each must
+        contain (forced.py says how). Either raises NmtError naming the line where the
+        model cannot write one.
         """
-        return list(self.translate_iter(texts, attention))
+        return list(self.translate_iter(texts, attention, prefix, constraints))
 
     def translate_iter(
-        self, texts: str | Iterable[str], attention: bool = False
+        self,
+        texts: str | Iterable[str],
+        attention: bool = False,
+        prefix: str | Iterable[str] | None = None,
+        constraints: Iterable[Sequence[str]] | None = None,
     ) -> Iterator[Translation]:
         """Like `translate`, but yields results chunk by chunk, in bounded memory."""
-        lines = [texts] if isinstance(texts, str) else texts
+        lines: Iterable[str] = [texts] if isinstance(texts, str) else texts
+        if prefix is None and constraints is None:
+            for chunk in chunked(lines, self.cfg.buffer_lines):
+                yield from self.translate_chunk(chunk, attention)
+            return
+        reader = ForcedReader(prefix, constraints, self.vocab.tgt, self.max_target)
         for chunk in chunked(lines, self.cfg.buffer_lines):
-            yield from self.translate_chunk(chunk, attention)
+            yield from self.translate_chunk(chunk, attention, forced=reader.take(chunk))
+        reader.finish()
+
+    @property
+    def max_target(self) -> int:
+        """The most target tokens the decoder can write before its EOS."""
+        return self.model.max_positions - 1
 
     def translate_chunk(
-        self, lines: Sequence[str], attention: bool = False, pooled: bool = False
+        self,
+        lines: Sequence[str],
+        attention: bool = False,
+        pooled: bool = False,
+        forced: Sequence[ForcedIds] | None = None,
     ) -> list[Translation]:
         """One chunk: `lines` sorted by length into batches together, results in their order.
         `pooled` sends even a single batch to a worker process (a server's decoding lanes
-        each hand theirs to a free worker, side by side) where there are several."""
+        each hand theirs to a free worker, side by side) where there are several. `forced`:
+        per line, the target prefix and phrases it must hold (forced.encode_forced)."""
+        needs = self._needs(lines, forced)
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
         ids = [x[: self.max_source] for x in ids]
@@ -241,12 +286,16 @@ class Translator:
         batches = list(length_batches(order, ids, self.batch_sentences, self.cfg.batch_tokens))
 
         rows = [[ids[i] for i in batch] for batch in batches]
+        wants = [None if needs is None else [needs[i] for i in batch] for batch in batches]
         if self.workers > 1 and (len(batches) > 1 or (pooled and batches)):
             # Batches decoded side by side, one worker each: on small CPUs this beats
             # spreading every small matrix product over all cores (see set_threads).
-            decoded = self._workers().map(rows, attention)
+            decoded = self._workers().map(rows, attention, wants)
         else:
-            decoded = [self.decode_rows(batch, attention) for batch in rows]
+            decoded = [
+                self.decode_rows(batch, attention, want)
+                for batch, want in zip(rows, wants, strict=True)
+            ]
         for batch, results in zip(batches, decoded, strict=True):
             for i, result in zip(batch, results, strict=True):
                 hyps[i] = result
@@ -262,23 +311,55 @@ class Translator:
             for i, line in enumerate(lines)
         ]
 
-    def decode_rows(self, rows: list[list[int]], attention: bool = False) -> list[list[Hypothesis]]:
+    def _needs(self, lines: Sequence[str], forced: Sequence[ForcedIds] | None) -> Needs:
+        """Per line, what its output must be: a tree over its words (a parsing model), or
+        what `forced` says; None: nothing."""
+        if self.trees is not None:
+            if forced is not None and any(f.tokens for f in forced):
+                raise UsageError(
+                    "this is a parsing model: its outputs are trees over the input's words, "
+                    "so a prefix or constraints cannot be given"
+                )
+            return [len(line.split()) for line in lines]
+        if forced is None or not any(f.tokens for f in forced):
+            return None
+        return list(forced)
+
+    def constraint(self, needs: Needs, device: torch.device) -> ConstraintState | None:
+        """The constraint state of one batch, one row per sentence (`_needs`)."""
+        if needs is None:
+            return None
+        if self.trees is not None:
+            return self.trees.start([n for n in needs if isinstance(n, int)], device)
+        return PhraseState([n for n in needs if isinstance(n, ForcedIds)], device)
+
+    def decode_rows(
+        self, rows: list[list[int]], attention: bool = False, needs: Needs = None
+    ) -> list[list[Hypothesis]]:
         """One batch of source token ids -> each sentence's hypotheses, recording the
         alignment layer's attention when alignments are on, or the default layer's with
-        `attention`."""
+        `attention`; `needs`, per sentence, what constrains its output (`_needs`)."""
         view = self.aligner
         if attention and view is None:
             view = CrossAttentionOf(self.model, default_layer(decoder_layers(self.model)) - 1)
-        return self.search(self.source_tensor(rows), view)
+        return self.search(self.source_tensor(rows), view, needs=needs)
 
     def search(
-        self, src: Tensor, view: Searchable | None = None, nbest: int | None = None
+        self,
+        src: Tensor,
+        view: Searchable | None = None,
+        nbest: int | None = None,
+        needs: Needs = None,
     ) -> list[list[Hypothesis]]:
         """Search as configured over a (B, width) source tensor. Without a view, the plain
-        search (greedy at beam 1); with one (views.py), beam search recording its weights."""
+        search (greedy at beam 1); with one (views.py), beam search recording its weights.
+        `needs`: per sentence, what constrains its output (`_needs`)."""
         cfg = self.cfg
+        constraint = self.constraint(needs, src.device)
         if cfg.beam_size == 1 and view is None:
-            return greedy_search(self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty)
+            return greedy_search(
+                self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty, constraint
+            )
         return beam_search(
             self.model if view is None else view,
             src,
@@ -288,6 +369,7 @@ class Translator:
             max_len_b=cfg.max_len_b,
             nbest=cfg.nbest if nbest is None else nbest,
             need_weights=view is not None,
+            constraint=constraint,
         )
 
     def source_tensor(self, rows: list[list[int]]) -> Tensor:

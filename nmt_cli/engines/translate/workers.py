@@ -40,11 +40,15 @@ from typing import Protocol, cast
 import torch
 
 from nmt_cli.core.search import Hypothesis
+from nmt_cli.engines.translate.forced import ForcedIds
 from nmt_cli.errors import NmtError
 from nmt_cli.heap import Releaser
 
 Rows = list[list[int]]  # one batch: the source token ids of its sentences
 Decoded = list[list[Hypothesis]]  # per sentence of a batch, its hypotheses
+# per sentence of a batch, what constrains its output: a parse tree's word count, or a
+# translation's forced prefix and phrases; None: nothing
+Needs = Sequence[int | ForcedIds] | None
 
 WORKER_DIED = (
     "a decoding worker process died (out of memory?); try --workers 1 or a smaller --batch-size"
@@ -54,7 +58,7 @@ WORKER_DIED = (
 class RowDecoder(Protocol):
     """What the workers decode with: a Translator (translator.py), which makes the pool."""
 
-    def decode_rows(self, rows: Rows, attention: bool = False) -> Decoded: ...
+    def decode_rows(self, rows: Rows, attention: bool = False, needs: Needs = None) -> Decoded: ...
 
 
 def _serve(conn: Connection, translator: RowDecoder) -> None:
@@ -71,9 +75,9 @@ def _serve(conn: Connection, translator: RowDecoder) -> None:
             return
         if request is None:
             return
-        rows, attention = request
+        rows, attention, needs = request
         try:
-            answer: tuple[bool, object] = (True, translator.decode_rows(rows, attention))
+            answer: tuple[bool, object] = (True, translator.decode_rows(rows, attention, needs))
         except Exception as exc:  # the parent raises it; this worker stays usable
             answer = (False, _sendable(exc))
         conn.send(answer)
@@ -112,9 +116,9 @@ class _Worker:
         self.process.start()
         child.close()
 
-    def send(self, rows: Rows, attention: bool) -> None:
+    def send(self, rows: Rows, attention: bool, needs: Needs) -> None:
         try:
-            self.conn.send((rows, attention))
+            self.conn.send((rows, attention, needs))
         except OSError:  # the pipe broke: the worker is gone
             raise NmtError(WORKER_DIED) from None
 
@@ -165,11 +169,16 @@ class DecodePool:
         # Stops the workers when the translator goes away without being closed.
         self._finalizer = weakref.finalize(self, _stop_all, self._workers, self._threads)
 
-    def map(self, batches: Sequence[Rows], attention: bool) -> list[Decoded]:
-        """Each batch's hypotheses, in the order of `batches`. A batch that raised in its
-        worker raises here, once the other batches being decoded are back."""
+    def map(
+        self, batches: Sequence[Rows], attention: bool, needs: Sequence[Needs] | None = None
+    ) -> list[Decoded]:
+        """Each batch's hypotheses, in the order of `batches` (`needs`: each batch's). A
+        batch that raised in its worker raises here, once the other batches being decoded
+        are back."""
+        wants = list(needs) if needs is not None else [None] * len(batches)
         if self._threads is not None:
-            return list(self._threads.map(self.translator.decode_rows, batches, repeat(attention)))
+            decode = self.translator.decode_rows
+            return list(self._threads.map(decode, batches, repeat(attention), wants))
         if not batches:
             return []
         decoded: list[Decoded | None] = [None] * len(batches)
@@ -183,7 +192,7 @@ class DecodePool:
             while True:
                 while free and error is None and (batch := next(todo, None)) is not None:
                     worker = free.pop()
-                    worker.send(batch[1], attention)
+                    worker.send(batch[1], attention, wants[batch[0]])
                     busy[worker.conn] = (worker, batch[0])
                 if not busy:
                     break
