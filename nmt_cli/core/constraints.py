@@ -1,31 +1,25 @@
 """Constrained search: a state machine per hypothesis that says which tokens may come next.
 
-A constraint (a parse tree that must stay well-formed, a prefix the output must start
-with, phrases it must contain) is a `ConstraintState`: the state of every row of a search
-(one hypothesis each), as tensors. Before search chooses, it sets to -inf the
-log-probabilities of the tokens a row may not take next (EOS included, until the row's
-constraint is met); after, it is advanced by the tokens chosen and reordered with the
-rows.
+A constraint (a parse tree that must stay well-formed, a prefix to start with, phrases to
+contain) is a `ConstraintState`: the state of every row of a search (one hypothesis each),
+as tensors. Before search chooses, it sets to -inf the log-probabilities of the tokens a
+row may not take next (EOS too, until the constraint is met); after, it is advanced by the
+tokens chosen and reordered with the rows.
 
-Search has no constraint case in its loop: `constrain` wraps the model in `Constrained`,
-a `Searchable` like any other (the design of the ensemble, core/ensemble.py). Every
-step's log-probabilities are masked in `decode_step`; the states are advanced by the
-tokens that step is fed, which are the tokens the previous step chose; and they are
-reordered where search reorders the cache, the one place search says which row continues
-which (beams reordering, sentences leaving the batch, the first step's expansion to K
-beams). A search without a constraint runs the model itself: no work per step.
+Search has no constraint case in its loop: `constrain` wraps the model in `Constrained`, a
+`Searchable` like any other (the ensemble's design, core/ensemble.py). It masks every
+step's log-probabilities in `decode_step`, advances the states by the tokens each step is
+fed (those the previous step chose), and reorders them where search reorders the cache,
+the one place search says which row continues which. Without a constraint search runs
+the model itself: no work per step.
 
-Length: a constraint may need tokens before the end (a tree's closing brackets, a phrase
-not yet written). `constrain` raises each sentence's length limit to what its constraint
-needs at least, within the decoder's positions, and every row is kept able to finish: the
-state is told the room a row has left (tokens before EOS is forced) and allows only tokens
-after which what it still needs fits. Only a constraint longer than the decoder's
+Length: `constrain` raises each sentence's length limit to what its constraint needs at
+least (a tree's closing brackets, a phrase not yet written), within the decoder's
+positions, and the state is told the room each row has left, so that it allows only tokens
+after which the row can still finish. Only a constraint longer than the decoder's
 positions can reach the limit unmet; there search forces EOS as always (callers refuse
-such constraints before decoding).
-
-A state may also choose each step's beam candidates itself (`choose`, e.g. dynamic beam
-allocation for phrases, Post & Vilar 2018); None leaves the choice to the model's
-`advance`.
+such constraints first). A state may also choose beam search's candidates itself
+(`choose`: dynamic beam allocation for phrases); None leaves that to the model's `advance`.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@
     workers.py     batches decoded side by side in forked worker processes
     stream.py      translate_file (the command's job), output formats
     views.py       the model as search sees it when attention is recorded
+    forced.py      the phrase constraint: a forced prefix, phrases that must appear
+    forced_input.py  prefixes and phrases from text and files, checked and encoded
     alignment.py   piece-to-word merging, hard word alignments
     attention.py   every attention weight of one sentence (`nmt attention`, training)
 

@@ -228,7 +228,7 @@ class Translator:
         texts: str | Iterable[str],
         attention: bool = False,
         prefix: str | Iterable[str] | None = None,
-        constraints: Iterable[Sequence[str]] | None = None,
+        constraints: Iterable[str | Sequence[str]] | None = None,
     ) -> list[Translation]:
         """Translations of `texts` in their order (a single string counts as one text).
 
@@ -237,9 +237,9 @@ class Translator:
         decoder layer's cross-attention averaged over heads, recorded by the search) and
         `.truncated`. Reads an iterator in chunks of `buffer_lines`, like the command.
         `prefix` (one text for every line, or one per line) is where each translation
-        starts; `constraints` (per line, a list of phrases) are target phrases each must
-        contain (forced.py says how). Either raises NmtError naming the line where the
-        model cannot write one.
+        starts; `constraints` (per line, a list of phrases, or one text) are target
+        phrases each must contain (forced.py says how). NmtError names the line whose
+        prefix or phrase the model cannot write.
         """
         return list(self.translate_iter(texts, attention, prefix, constraints))
 
@@ -248,7 +248,7 @@ class Translator:
         texts: str | Iterable[str],
         attention: bool = False,
         prefix: str | Iterable[str] | None = None,
-        constraints: Iterable[Sequence[str]] | None = None,
+        constraints: Iterable[str | Sequence[str]] | None = None,
     ) -> Iterator[Translation]:
         """Like `translate`, but yields results chunk by chunk, in bounded memory."""
         lines: Iterable[str] = [texts] if isinstance(texts, str) else texts
@@ -276,7 +276,7 @@ class Translator:
         """One chunk: `lines` sorted by length into batches together, results in their order.
         `pooled` sends even a single batch to a worker process (a server's decoding lanes
         each hand theirs to a free worker, side by side) where there are several. `forced`:
-        per line, the target prefix and phrases it must hold (forced.encode_forced)."""
+        per line, the target prefix and phrases it must hold (forced_input.py)."""
         needs = self._needs(lines, forced)
         ids = self.vocab.src.encode(list(lines)) if lines else []
         truncated = [len(x) > self.max_source for x in ids]
@@ -325,7 +325,7 @@ class Translator:
             return None
         return list(forced)
 
-    def constraint(self, needs: Needs, device: torch.device) -> ConstraintState | None:
+    def _constraint(self, needs: Needs, device: torch.device) -> ConstraintState | None:
         """The constraint state of one batch, one row per sentence (`_needs`)."""
         if needs is None:
             return None
@@ -355,7 +355,7 @@ class Translator:
         search (greedy at beam 1); with one (views.py), beam search recording its weights.
         `needs`: per sentence, what constrains its output (`_needs`)."""
         cfg = self.cfg
-        constraint = self.constraint(needs, src.device)
+        constraint = self._constraint(needs, src.device)
         if cfg.beam_size == 1 and view is None:
             return greedy_search(
                 self.model, src, cfg.max_len_a, cfg.max_len_b, cfg.length_penalty, constraint
