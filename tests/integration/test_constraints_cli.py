@@ -111,6 +111,8 @@ def test_bad_constraint_files_name_the_file_and_line(copy_model: Path, tmp_path:
     one_error(runner.invoke(app, ["translate", *model, "--prefix", "a", "--prefix-file",
                                   str(long)], input="x\n"), 2,
               "--prefix and --prefix-file: give one of them")  # fmt: skip
+    one_error(runner.invoke(app, ["translate", *model, "--ray", "--prefix", "a"], input="x\n"),
+              2, "--constraints, --prefix and --prefix-file are not for --ray")  # fmt: skip
     with (
         Translator.load([copy_model], workers=1) as translator,
         pytest.raises(NmtError, match="^line 2: an empty constraint"),
