@@ -19,6 +19,8 @@ from translation_ckpt import random_checkpoint, sentences, tiny_vocab
 pytest.importorskip("ctranslate2")
 pytest.importorskip("sacrebleu")
 
+pytestmark = pytest.mark.slow  # the benchmark harness: a process a system, each loading torch
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bench_translate.py"
 

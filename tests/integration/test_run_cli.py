@@ -61,6 +61,7 @@ def finished_run(shared_run: Path, tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_run_goes_from_nothing_to_a_results_table(finished_run: Path) -> None:
     run_dir = finished_run / "run"
     results = json.loads((run_dir / "results.json").read_text())
@@ -87,6 +88,7 @@ def test_run_goes_from_nothing_to_a_results_table(finished_run: Path) -> None:
         assert (run_dir / f"{name}.svg").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_stages(finished_run: Path) -> None:
     run_dir = finished_run / "run"
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.glob("test.*.hyp")}
@@ -102,6 +104,7 @@ def test_rerun_skips_finished_stages(finished_run: Path) -> None:
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.glob("curves-*")} == curves
 
 
+@pytest.mark.slow
 def test_interrupted_run_continues_where_it_stopped(finished_run: Path) -> None:
     run_dir = finished_run / "run"
     (run_dir / "test.best.hyp").unlink()
@@ -112,6 +115,7 @@ def test_interrupted_run_continues_where_it_stopped(finished_run: Path) -> None:
     assert len(json.loads((run_dir / "results.json").read_text())["systems"]) == 3
 
 
+@pytest.mark.slow
 def test_a_system_that_outputs_mostly_nothing_is_warned_about(finished_run: Path) -> None:
     """An undertrained model's empty lines score near 0 without any error: the table
     alone would hide that, so the run says it (and results.json records it)."""

@@ -25,6 +25,8 @@ from translation_ckpt import random_checkpoint, tiny_vocab
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
+pytestmark = pytest.mark.slow  # server processes, requests held for seconds
+
 KEY = "k-123"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 ALLOWED = "http://allowed.example"

@@ -126,6 +126,7 @@ def test_dash_dev_null_and_a_pipe_are_inputs(ckpt: Path, text: Path) -> None:
         os.close(read_fd)
 
 
+@pytest.mark.slow
 def test_dev_stdin_and_dev_stdout_in_a_real_process(ckpt: Path, text: Path, tmp_path: Path) -> None:
     """`-o /dev/stdout >> log` appends to the shell's file instead of replacing it."""
     log = write_lines(tmp_path / "log.txt", ["earlier line"])

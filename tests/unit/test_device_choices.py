@@ -154,6 +154,7 @@ def _metrics(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "backend",
     [
@@ -220,6 +221,7 @@ def test_fp16_with_the_gradient_scaler_trains_on_a_cpu(
     assert scaler is not None and 0 < scaler["scale"] <= 2.0**16
 
 
+@pytest.mark.slow
 def test_a_compiler_that_fails_falls_back_to_eager_mode(
     data: Path, tmp_path: Path, plain: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:

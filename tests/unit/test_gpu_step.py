@@ -233,6 +233,7 @@ def _lengths(data: Path) -> tuple[np.ndarray, np.ndarray]:
 # -- torch.compile --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compiled_model_trains_like_the_eager_one(
     tiny_config: ModelConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
