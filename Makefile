@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-avx2 test-torch-range lint demo clean
+.PHONY: install test test-fast test-avx2 test-torch-range lint demo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check nmt_cli tests bench
 	$(BIN)/mypy
 
+# Every test; the 15 slowest named at the end, so that a test that grew slow is seen.
 test: lint
-	$(BIN)/pytest tests
+	$(BIN)/pytest tests --durations=15
+
+# The quick loop while working: every test but the long end-to-end ones (marked slow:
+# trainings, servers, clusters, subprocess start-ups), in under 2 minutes on 2 cores.
+test-fast: $(STAMP)
+	$(BIN)/pytest tests -m "not slow"
 
 # The whole suite as an AVX2-only CPU runs it (no AVX-512 kernels, no bf16 units; oneDNN,
 # ATen and MKL capped too), on any machine: see nmt_cli/cpu_level.py.

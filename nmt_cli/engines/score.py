@@ -139,6 +139,21 @@ def check_inputs(hyps: Sequence[str], refs: Sequence[Sequence[str]], names: Sequ
             )
 
 
+def _resamples_as_floats(metric: Metric) -> None:
+    """sacreBLEU (2.6) scores each bootstrap resample from float32 statistics: chrF and TER
+    give a numpy float32, or a plain 0.0 for a resample with nothing to count (an empty
+    line drawn alone), and the mean of that mix raises TypeError in `statistics.mean`. On
+    this metric instance every score is a plain float, as a user's `--bootstrap` needs."""
+    compute = metric._compute_score_from_stats
+
+    def as_float(stats: Any) -> Any:
+        score = compute(stats)
+        score.score = float(score.score)
+        return score
+
+    metric._compute_score_from_stats = as_float  # type: ignore[method-assign]
+
+
 @lru_cache(maxsize=4)
 def _moses(lang: str) -> Any:
     return require_sacremoses().MosesTokenizer(lang=lang)
@@ -156,6 +171,8 @@ def paper_tokenize(lines: Sequence[str], lang: str) -> list[str]:
 
 
 def _score(metric: Metric, name: str, hyps: Sequence[str], refs: Any, n: int) -> MetricScore:
+    if n > 1:
+        _resamples_as_floats(metric)
     result = metric.corpus_score(list(hyps), refs, n_bootstrap=max(n, 1))
     detail = ""
     if isinstance(metric, BLEU):

@@ -27,7 +27,10 @@ runner = CliRunner()
 UNSEEN = sentences(30, seed=11)  # not in ALIGN_POOL's order; the models generalise
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [
+    pytest.mark.slow,  # trains the models whose alignments it checks
+    pytest.mark.usefixtures("one_thread"),
+]
 
 
 @pytest.fixture

@@ -50,6 +50,7 @@ def page_data(path: Path) -> dict:  # type: ignore[type-arg]
     return json.loads(found.group(1))  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_pictures_decode_and_the_page_has_every_layer_and_head(
     reverser_unseen: Path, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_pictures_decode_and_the_page_has_every_layer_and_head(
     assert data["kinds"]["cross"]["rows"] == maps.target and data["translation"] == REVERSED
 
 
+@pytest.mark.slow
 def test_attention_maps_are_distributions_and_the_decoder_is_causal(reverser_unseen: Path) -> None:
     translator = Translator.load(reverser_unseen, DecodeConfig(precision="fp32"))
     maps = record_attention(translator, SENTENCE)
@@ -106,6 +108,7 @@ def test_attention_maps_are_distributions_and_the_decoder_is_causal(reverser_uns
     assert list(words.cross.mean(axis=(0, 1)).argmax(-1)) == [4, 3, 2, 1, 0, 5]
 
 
+@pytest.mark.slow
 def test_two_heads_give_two_different_pictures(reverser_unseen: Path, tmp_path: Path) -> None:
     pictures = []
     for head in ("1", "2"):
@@ -117,6 +120,7 @@ def test_two_heads_give_two_different_pictures(reverser_unseen: Path, tmp_path: 
     assert np.abs(pictures[0] - pictures[1]).max() > 0.1
 
 
+@pytest.mark.slow
 def test_words_merge_pieces_and_say_so(reverser_unseen: Path, tmp_path: Path) -> None:
     code, files, err = draw(
         reverser_unseen, tmp_path, "--words", "--format", "svg,html", "--focus", "red"

@@ -32,6 +32,8 @@ from nmt_cli.core.transformer import Transformer, sinusoidal_positions
 from nmt_cli.core.vocab import EOS_ID, PAD_ID
 from nmt_cli.engines.export.huggingface import marian_permutation
 
+pytestmark = pytest.mark.slow  # exports, then decodes in CTranslate2 and transformers
+
 ctranslate2 = pytest.importorskip("ctranslate2")
 transformers = pytest.importorskip("transformers")
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from unix_helpers import corpus_pairs, write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +84,7 @@ def _run_check(
     )
 
 
+@pytest.mark.slow
 def test_the_dry_run_runs_every_stage_on_the_cpu_from_raw_files(tmp_path: Path) -> None:
     done = _run_check(tmp_path, _raw_multi30k(tmp_path / "raw"), dry=True)
     text = done.stdout + done.stderr

@@ -207,6 +207,7 @@ def parsing_run(tmp_path_factory: pytest.TempPathFactory, treebank_zip: Path) ->
     return tmp_path
 
 
+@pytest.mark.slow
 def test_run_goes_from_the_preset_to_evalb_f1(parsing_run: Path) -> None:
     run_dir = parsing_run / "run"
     results = json.loads((run_dir / "results.json").read_text())
@@ -241,6 +242,7 @@ def test_run_goes_from_the_preset_to_evalb_f1(parsing_run: Path) -> None:
         assert json.loads(rescored.stdout)["all"]["f1"] == pytest.approx(parse["f1"])
 
 
+@pytest.mark.slow
 def test_a_parsing_model_translates_into_trees_over_the_words(parsing_run: Path) -> None:
     """`nmt translate` with a parsing model constrains it: an untrained model's every
     output is a well-formed tree with one slot per word (repairs 0), at beam 1 and 3, and
@@ -261,11 +263,13 @@ def test_a_parsing_model_translates_into_trees_over_the_words(parsing_run: Path)
     one_error(refused, 2, "this is a parsing model")
 
 
+@pytest.mark.slow
 def test_run_refuses_to_score_trees_as_text(parsing_run: Path, treebank_zip: Path) -> None:
     args = _run_args(parsing_run, treebank_zip, "--from", "score", "--set=score.metric=bleu")
     one_error(runner.invoke(app, args), 1, "holds parse trees", 'score.metric = "trees"')
 
 
+@pytest.mark.slow
 def test_sweep_of_the_parsing_recipe_reports_dev_and_test_f1(
     treebank_zip: Path, tmp_path: Path
 ) -> None:

@@ -66,6 +66,7 @@ def test_reading_metrics_skips_a_partial_line(tmp_path: Path) -> None:
     assert not log.series("valid", "nothing")
 
 
+@pytest.mark.slow
 def test_plot_overlays_runs_in_decodable_pictures(tmp_path: Path) -> None:
     import matplotlib.image
 

@@ -220,6 +220,7 @@ def test_interrupted_run_resumes_to_an_identical_manifest(
     assert not list((tmp_path / "out").glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_kill_minus_9_during_parallel_encoding_then_rerun(tmp_path: Path) -> None:
     """A real SIGKILL while the worker pool encodes: the rerun resumes to the same manifest."""
     root = tmp_path / "big"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sacrebleu
 from typer.testing import CliRunner
-from unix_helpers import one_error
+from unix_helpers import one_error, snapshot
 
 from nmt_cli.cli import app
 
@@ -39,13 +41,27 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def shared_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One finished run for the module, never changed: each test takes a copy (and no
+    copy reaches back into it, which the end of the module checks)."""
     tmp_path = tmp_path_factory.mktemp("run")
     result = runner.invoke(app, _args(tmp_path))
     assert result.exit_code == 0, result.output
-    return tmp_path
+    before = snapshot(tmp_path)
+    yield tmp_path
+    assert snapshot(tmp_path) == before
 
 
+@pytest.fixture
+def finished_run(shared_run: Path, tmp_path: Path) -> Path:
+    """This test's copy of the finished run (data and run directory), with the
+    modification times kept: stages are up to date by them."""
+    copy = tmp_path / "copy"
+    shutil.copytree(shared_run, copy, symlinks=True)
+    return copy
+
+
+@pytest.mark.slow
 def test_run_goes_from_nothing_to_a_results_table(finished_run: Path) -> None:
     run_dir = finished_run / "run"
     results = json.loads((run_dir / "results.json").read_text())
@@ -72,6 +88,7 @@ def test_run_goes_from_nothing_to_a_results_table(finished_run: Path) -> None:
         assert (run_dir / f"{name}.svg").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_stages(finished_run: Path) -> None:
     run_dir = finished_run / "run"
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.glob("test.*.hyp")}
@@ -87,6 +104,7 @@ def test_rerun_skips_finished_stages(finished_run: Path) -> None:
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.glob("curves-*")} == curves
 
 
+@pytest.mark.slow
 def test_interrupted_run_continues_where_it_stopped(finished_run: Path) -> None:
     run_dir = finished_run / "run"
     (run_dir / "test.best.hyp").unlink()
@@ -97,6 +115,7 @@ def test_interrupted_run_continues_where_it_stopped(finished_run: Path) -> None:
     assert len(json.loads((run_dir / "results.json").read_text())["systems"]) == 3
 
 
+@pytest.mark.slow
 def test_a_system_that_outputs_mostly_nothing_is_warned_about(finished_run: Path) -> None:
     """An undertrained model's empty lines score near 0 without any error: the table
     alone would hide that, so the run says it (and results.json records it)."""
@@ -110,7 +129,6 @@ def test_a_system_that_outputs_mostly_nothing_is_warned_about(finished_run: Path
     assert warning in result.stderr
     results = json.loads((run_dir / "results.json").read_text())
     assert any(w.startswith(warning.removeprefix("warning: ")) for w in results["warnings"])
-    (run_dir / "test.last.hyp").unlink()  # the later tests translate it again
 
 
 def test_until_stops_early(tmp_path: Path) -> None:

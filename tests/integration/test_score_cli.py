@@ -99,6 +99,16 @@ def test_bootstrap_confidence_intervals(files: dict[str, Path]) -> None:
     assert "95% CI ±" in out and "bs:50" in out
 
 
+def test_bootstrap_of_a_text_with_resamples_that_count_nothing() -> None:
+    """A resample of only the first line has no character n-gram or word right: chrF
+    and TER score it 0 beside the others' float32 scores (sacreBLEU's mix, which its
+    mean refused), and the interval is still reported."""
+    result = score_lines(["y", "a b"], [["x", "a c"]], ScoreSettings(bootstrap=20, paper=False))
+    for metric in result.metrics:
+        assert metric.mean is not None and metric.ci is not None and metric.ci >= 0
+        assert type(metric.mean) is float
+
+
 def test_paired_significance_between_two_systems(files: dict[str, Path]) -> None:
     result = score_lines(HYPS, [REFS], ScoreSettings(paper=False), other=WORSE)
     bleu = next(c for c in result.comparisons if c.metric == "BLEU")

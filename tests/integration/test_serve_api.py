@@ -17,6 +17,8 @@ from unix_helpers import nmt, no_escape
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
+pytestmark = pytest.mark.slow  # server processes and their workers
+
 # Two forked workers whatever the machine (paused_workers needs them); fp32 everywhere.
 DECODING = ["--precision", "fp32", "--threads", "2", "--workers", "2"]
 LINES = [*sentences(6, seed=3), "", "the red cat"]

@@ -2,7 +2,8 @@
 is a 4xx (or 503/504) with a message naming what is wrong, never a traceback; work its
 client no longer waits for is dropped; keys and CORS are enforced; SIGTERM drains.
 
-One server for the module, with small limits, an API key and one CORS origin. Decoding
+One server for the module, with small limits, an API key and one CORS origin (the test
+that stops a server starts one of its own, so the tests run in any order). Decoding
 is held up where a test needs a request "in decoding" by pausing the server's worker
 processes (serve_process.paused_workers), not by a slow model.
 """
@@ -15,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from serve_process import JSON, Reply, ServeProcess
@@ -22,6 +24,8 @@ from translation_ckpt import random_checkpoint, tiny_vocab
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
+
+pytestmark = pytest.mark.slow  # server processes, requests held for seconds
 
 KEY = "k-123"
 BEARER = {"Authorization": f"Bearer {KEY}"}
@@ -33,9 +37,8 @@ LIMITS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    root = tmp_path_factory.mktemp("limits")
+def limited_server(root: Path) -> ServeProcess:
+    """A server with the small limits, the API key and the CORS origin, started."""
     model = random_checkpoint(root / "m.pt", tiny_vocab(), max_positions=16)
     keys = root / "keys.txt"
     keys.write_text(f"# the team's keys\n{KEY}\n\nother-key\n", encoding="utf-8")
@@ -47,9 +50,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         ],
         root,
     )
-    process.start()
+    return process.start()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One server for the tests that leave it serving."""
+    process = limited_server(tmp_path_factory.mktemp("limits"))
     yield process
     process.stop()
+    assert "Traceback" not in process.output(), process.output()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[ServeProcess]:
+    """A server of its own, for a test that stops it."""
+    process = limited_server(tmp_path)
+    yield process
+    process.stop()  # already stopped, unless the test failed first
     assert "Traceback" not in process.output(), process.output()
 
 
@@ -311,8 +329,8 @@ def test_garbage_on_the_connection_harms_nothing(server: ServeProcess) -> None:
     assert native(server, {"text": "the cat"}).status == 200
 
 
-def test_sigterm_finishes_the_request_in_flight_and_exits_0(server: ServeProcess) -> None:
-    """Last in the module: it stops the server."""
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(own_server: ServeProcess) -> None:
+    server = own_server
     with server.paused_workers():
         in_flight = blocked(server)
         assert server.proc is not None

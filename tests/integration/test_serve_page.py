@@ -58,8 +58,9 @@ def missing_browser() -> str | None:
 
 REQUIRED = os.environ.get("NMT_REQUIRE_BROWSER") == "1"
 MISSING = missing_browser()
+pytestmark = [pytest.mark.slow]  # a server process and a headless browser
 if MISSING is not None and not REQUIRED:
-    pytestmark = pytest.mark.skip(reason=MISSING)  # before any model is trained
+    pytestmark.append(pytest.mark.skip(reason=MISSING))  # before any model is trained
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,7 @@ def _bleu(hyp_file: Path, ref_file: Path) -> float:
     return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_row_prints_table_3_and_skips_finished_rows(tmp_path: Path) -> None:
     grid = _sweep_file(tmp_path)
     first = runner.invoke(app, ["sweep", str(grid), "--jobs", "2"], env={"COLUMNS": "200"})

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
@@ -17,6 +18,8 @@ from train_data import make_data_dir, tiny_recipe
 
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.engines.train import train
+
+pytestmark = pytest.mark.slow  # trains under torchrun, on two nodes
 
 ENTRY = Path(__file__).with_name("torchrun_train.py")
 # 240 real tokens an update, at most 200 padded tokens a pass: 2 nodes x 1 pass, or one

@@ -106,6 +106,7 @@ def test_run_dir_option_and_cpu_only_errors(setup: tuple[Path, Path], tmp_path: 
     one_error(fp16, 1, "fp16", "needs a GPU")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_saves_and_exits_128_plus_its_number(
     tmp_path: Path, signum: int, code: int
@@ -138,6 +139,7 @@ def test_a_signal_saves_and_exits_128_plus_its_number(
     assert not (tmp_path / "run/train.lock").exists()
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
     data = make_data_dir(tmp_path / "data")
     run = tmp_path / "run"

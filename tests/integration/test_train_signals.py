@@ -31,9 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from train_data import make_data_dir
 from unix_helpers import error_line
 
-pytestmark = pytest.mark.skipif(
-    not Path("/proc/self/stat").is_file(), reason="reads the process table from /proc"
-)
+pytestmark = [
+    pytest.mark.slow,  # every test starts `nmt train` in a process of its own
+    pytest.mark.skipif(
+        not Path("/proc/self/stat").is_file(), reason="reads the process table from /proc"
+    ),
+]
 
 # Generous: a 2-core machine shared with other work. Start-up's own bound is seconds.
 EXIT_WITHIN_S = 40.0

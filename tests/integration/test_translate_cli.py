@@ -254,6 +254,7 @@ def test_batches_decoded_side_by_side_give_the_same_output(copier: Path) -> None
         pool.map([[[5]]], attention=False)
 
 
+@pytest.mark.slow
 def test_worker_processes_end_without_noise_at_exit(copier: Path) -> None:
     """Several batches on two workers, in a fresh interpreter: the workers are stopped
     and waited for before exit. (Stopped without waiting, Python 3.11 sometimes printed
@@ -301,6 +302,7 @@ def test_read_chunks_bounds_the_buffer_and_keeps_every_line() -> None:
         list(read_chunks(io.BytesIO(b"fine\nbad \xff\n"), max_lines=300, name="in.txt"))
 
 
+@pytest.mark.slow
 def test_interactive_user_is_answered_before_input_ends(copier: Path) -> None:
     """A real process: write one line, read its translation, only then close stdin."""
     proc = subprocess.Popen(

@@ -26,11 +26,19 @@ FLASH, EFFICIENT = SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
 MATH, CUDNN = SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("mask", ["none", "causal", "padding"])
-@pytest.mark.parametrize("policy", ATTENTION_BACKENDS)
-def test_cpus_keep_pytorchs_own_choice(policy: str, mask: str, dtype: torch.dtype) -> None:
-    assert sdpa_backends(policy, "cpu", dtype, mask) is None  # type: ignore[arg-type]
+def test_off_a_gpu_every_policy_leaves_pytorch_its_own_choice_but_names_are_checked() -> None:
+    """The policy chooses among CUDA kernels only: on any other device, whatever the
+    policy, precision or mask, SDPA keeps its own choice (None); a policy that is not
+    one of ATTENTION_BACKENDS is refused there too, so a recipe's typo shows on a CPU."""
+    for policy, device, dtype, mask in itertools.product(
+        ATTENTION_BACKENDS,
+        ("cpu", "mps"),
+        (torch.float32, torch.bfloat16, torch.float16),
+        ("none", "causal", "padding"),
+    ):
+        assert sdpa_backends(policy, device, dtype, mask) is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="use one of auto, flash"):
+        sdpa_backends("fast", "cpu", torch.float32, "none")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,7 @@ def _snapshot(directory: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+@pytest.mark.slow
 def test_processes_and_workers_that_find_the_module_built_never_compile(
     kernel: ModuleType, tmp_path: Path
 ) -> None:
@@ -132,6 +133,7 @@ def _until(condition: Callable[[], bool]) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_killed_build_leaves_no_lock_behind(tmp_path: Path) -> None:
     holder = _hold_the_lock(tmp_path)
     fd = os.open(tmp_path / "build.lock", os.O_RDWR)
@@ -145,6 +147,7 @@ def test_a_killed_build_leaves_no_lock_behind(tmp_path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_a_waiting_process_says_whom_it_waits_for_and_how_far_the_build_is(
     tmp_path: Path,
 ) -> None:

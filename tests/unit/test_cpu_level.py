@@ -81,6 +81,7 @@ def test_each_level_caps_onednn_aten_and_mkl_by_their_own_names(
     }
 
 
+@pytest.mark.slow
 def test_importing_nmt_caps_torch_before_it_loads_and_a_set_variable_wins() -> None:
     """In a fresh process: `import nmt_cli` before torch gives oneDNN and ATen the cap;
     a variable the user set stays as set."""

@@ -25,14 +25,12 @@ import torch
 from train_data import batch_of, make_data_dir, tiny_recipe, with_model
 
 from nmt_cli.config import ConfigError, RecipeConfig, TrainConfig, load_recipe, recipe_from_dict
-from nmt_cli.core import objective as objective_module
 from nmt_cli.core.batching import Batch
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.objective import TrainingObjective
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.engines.train import TrainOptions, train
 from nmt_cli.engines.train import build as build_module
-from nmt_cli.engines.train import feed as feed_module
 from nmt_cli.engines.train import loop as loop_module
 from nmt_cli.engines.train.device_choices import announcement, choose
 from nmt_cli.engines.train.events import Notice, StepDone, TrainEvent
@@ -93,9 +91,20 @@ def _recipe(data: Path, run: Path, **train_settings: Any) -> RecipeConfig:
     return with_model(recipe, d_model=16, d_ff=32, n_heads=2, dropout=0.0)
 
 
-def _train(recipe: RecipeConfig) -> tuple[list[StepDone], list[Notice]]:
+def _train(
+    recipe: RecipeConfig, threads: list[set[str]] | None = None
+) -> tuple[list[StepDone], list[Notice]]:
+    """Train; with `threads`, the names of the threads that training started and that
+    are alive at each update (as a profiler sees them)."""
     events: list[TrainEvent] = []
-    result = train(recipe, TrainOptions(), events.append)
+    before = set(threading.enumerate())
+
+    def on_event(event: TrainEvent) -> None:
+        events.append(event)
+        if threads is not None and isinstance(event, StepDone):
+            threads.append({t.name for t in set(threading.enumerate()) - before})
+
+    result = train(recipe, TrainOptions(), on_event)
     assert result.steps == recipe.train.max_steps
     return (
         [e for e in events if isinstance(e, StepDone)],
@@ -107,23 +116,15 @@ def _losses(steps: list[StepDone]) -> list[float]:
     return [s.loss for s in steps]
 
 
+def _batch_threads(alive: list[set[str]]) -> list[list[str]]:
+    """At each update, the feed's worker threads that prepare batches ahead."""
+    return [sorted(n for n in names if n.startswith("nmt-batches")) for names in alive]
+
+
 @dataclasses.dataclass
 class PlainRun:
     losses: list[float]
-    collating_threads: set[str]  # the names of the threads that collated its batches
-
-
-def _collating_threads(mp: pytest.MonkeyPatch) -> set[str]:
-    """Record which threads collate the feed's batches from now on."""
-    names: set[str] = set()
-    collate = feed_module.collate
-
-    def spy(*args: Any) -> Any:
-        names.add(threading.current_thread().name)
-        return collate(*args)
-
-    mp.setattr(feed_module, "collate", spy)
-    return names
+    threads: list[set[str]]  # the threads it started, alive at each of its updates
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +132,8 @@ def plain_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> PlainRun:
     """The CPU's own path: eager, unfused, unpadded, no prefetch, fp32."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(loop_module, "matmul_rate", lambda *_: 1e9)
-        threads = _collating_threads(mp)
-        steps, _ = _train(_recipe(data, tmp_path_factory.mktemp("plain")))
+        threads: list[set[str]] = []
+        steps, _ = _train(_recipe(data, tmp_path_factory.mktemp("plain")), threads)
     assert not any(s.skipped for s in steps)
     return PlainRun(_losses(steps), threads)
 
@@ -145,7 +146,7 @@ def plain(plain_run: PlainRun) -> list[float]:
 def test_the_cpu_path_collates_in_the_training_thread(plain_run: PlainRun) -> None:
     """No worker thread for the batches on a CPU: its torch operations would give the
     process a second OpenMP pool, and libgomp's threads then sleep at every barrier."""
-    assert plain_run.collating_threads == {threading.current_thread().name}
+    assert _batch_threads(plain_run.threads) == [[]] * 4
 
 
 def _metrics(run: Path) -> list[dict[str, Any]]:
@@ -153,6 +154,7 @@ def _metrics(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "backend",
     [
@@ -175,39 +177,22 @@ def test_every_gpu_choice_forced_on_a_cpu_trains_like_the_plain_path(
 ) -> None:
     """Compiled, fused chunked loss, widths padded to 8, next batches prepared ahead (no
     page-locked memory on a CPU): each update's loss is the plain path's to 1e-5.
-    Compiled with dynamo's graph capture ("eager"), or with inductor on request."""
+    Compiled with dynamo's graph capture ("eager"), or with inductor on request. Seen
+    from outside: the choices announced, a worker thread preparing batches at every
+    update, the compilation recorded. That the widths padded and the fused loss change
+    no loss is tested where they are made (test_gpu_step.py, test_fused_loss.py)."""
     monkeypatch.setattr(build_module, "COMPILE_BACKEND", backend)
-    widths: list[int] = []
-    fused: list[int] = []
-    prefetched: list[int] = []
-    threads = _collating_threads(monkeypatch)
-    collate, projected = feed_module.collate, objective_module.projected_label_smoothed_sums
-    prefetch = feed_module.TrainFeed.prefetch
-
-    def spy_collate(*args: Any) -> Any:
-        batch = collate(*args)
-        widths.extend((batch.src.size(1), batch.tgt_in.size(1)))
-        return batch
-
-    def spy_projected(*args: Any) -> Any:
-        fused.append(1)
-        return projected(*args)
-
-    def spy_prefetch(feed: Any, plan: Any, update: int) -> None:
-        prefetched.append(update)
-        prefetch(feed, plan, update)
-
-    monkeypatch.setattr(feed_module, "collate", spy_collate)
-    monkeypatch.setattr(objective_module, "projected_label_smoothed_sums", spy_projected)
-    monkeypatch.setattr(feed_module.TrainFeed, "prefetch", spy_prefetch)
-    steps, notices = _train(_recipe(data, tmp_path, **FORCED))
+    threads: list[set[str]] = []
+    steps, notices = _train(_recipe(data, tmp_path, **FORCED), threads)
     assert not any(s.skipped for s in steps)
     assert _losses(steps) == pytest.approx(plain, rel=1e-5)
-    assert widths and all(w % 8 == 0 for w in widths)
-    assert fused and prefetched == [1, 2, 3, 4]
-    assert any(name.startswith("nmt-batches") for name in threads), threads
+    assert _batch_threads(threads) == [["nmt-batches_0"]] * 4  # preparing the next batches
     said = [n.text for n in notices]
-    assert any(t.startswith("CPU training with GPU choices forced") for t in said), said
+    assert (
+        "CPU training with GPU choices forced by the recipe: torch.compile on (dynamic "
+        "shapes); attention kernels: math; output projection fused into the chunked loss; "
+        "batch widths padded to multiples of 8; next batches prepared ahead"
+    ) in said
     assert any(t.startswith("torch.compile: the first update took") for t in said), said
     compile_records = [r for r in _metrics(tmp_path) if r["type"] == "compile"]
     assert [r["step"] for r in compile_records] == [1]
@@ -236,6 +221,7 @@ def test_fp16_with_the_gradient_scaler_trains_on_a_cpu(
     assert scaler is not None and 0 < scaler["scale"] <= 2.0**16
 
 
+@pytest.mark.slow
 def test_a_compiler_that_fails_falls_back_to_eager_mode(
     data: Path, tmp_path: Path, plain: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,6 +35,7 @@ def test_a_mask_with_too_few_gpus_is_refused(mask: str) -> None:
         cuda_devices_for(0, 2, mask)
 
 
+@pytest.mark.slow
 def test_a_failing_row_reports_its_reason_in_one_line(tmp_path: Path) -> None:
     """The row's process fails as the engine does (no data directory): the parent gets the
     engine's message, no traceback, and the log has it too."""

@@ -12,6 +12,8 @@ from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.engines.train import TrainOptions, train
 from nmt_cli.engines.train.distributed import LaunchSpec, launch
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks that train
+
 
 @pytest.mark.parametrize("fused_projection", [False, True])
 def test_two_process_update_equals_one_process_with_twice_the_batch(

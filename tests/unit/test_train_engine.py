@@ -27,7 +27,13 @@ from nmt_cli.core.search import greedy_search
 from nmt_cli.core.vocab import EOS_ID, PAD_ID, train_sentencepiece
 from nmt_cli.cpu_level import has_bf16_units
 from nmt_cli.engines.train import TrainOptions, train
-from nmt_cli.engines.train.events import Notice, StepDone, TrainEvent, TrainStarted
+from nmt_cli.engines.train.events import (
+    CheckpointSaved,
+    Notice,
+    StepDone,
+    TrainEvent,
+    TrainStarted,
+)
 from nmt_cli.engines.train.feed import derive_split
 from nmt_cli.engines.train.run_dir import RunDir, RunDirLocked
 from nmt_cli.errors import NmtError
@@ -321,16 +327,34 @@ def test_without_the_compiled_module_training_keeps_pytorchs_kernels_and_says_so
     )
     monkeypatch.setattr(plan, "REFERENCE", references)  # what the planner starts from
     events: list[TrainEvent] = []
-    result = train(tiny_recipe(data, tmp_path / "run"), on_event=events.append)
+    recipe = tiny_recipe(data, tmp_path / "run")
+    result = train(recipe, on_event=events.append)
     notices = [e.text for e in events if isinstance(e, Notice)]
     message = (
         "dropout masks, the loss and attention from PyTorch's operations: "
         "no C++ compiler (c++) on PATH"
     )
     assert message in notices
-    assert result.steps == 6 and drawn  # the reference drew every mask
-    assert True in swept and False in swept  # and swept training's and validation's losses
-    assert True in attended and False in attended  # and attended in both stacks
+    assert result.steps == 6
+    # The reference swept every loss: each training batch's (want_grad), three updates of
+    # as many batches each, then at each of the two saves (steps 3 and 6) every
+    # validation batch's, in that order.
+    saves = [e for e in events if isinstance(e, CheckpointSaved)]
+    assert [e.step for e in saves] == [3, 6]
+    training, validation = swept.count(True) // 2, swept.count(False) // 2
+    assert training >= 3 and training % 3 == 0 and validation >= 1
+    assert swept == ([True] * training + [False] * validation) * 2
+    # It attended in every forward pass, training's and validation's alike: the encoder's
+    # self-attention in each layer, then in each decoder layer its causal self-attention
+    # and its cross-attention.
+    model = recipe.model
+    assert attended == (
+        [False] * model.encoder_layers + [True, False] * model.decoder_layers
+    ) * len(swept)
+    # And it drew the masks of the paper's dropout sites in training's passes only: the
+    # two embedding sums, each encoder sub-layer's output (2), each decoder one's (3).
+    sites = 2 + 2 * model.encoder_layers + 3 * model.decoder_layers
+    assert len(drawn) == sites * swept.count(True)
 
 
 def test_training_on_a_cpu_takes_its_kernels_from_the_compiled_module(

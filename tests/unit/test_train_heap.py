@@ -36,6 +36,7 @@ PROGRAM = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_a_reused_heap_faults_no_pages_in_again_and_hands_them_back_after() -> None:
     done = subprocess.run(

@@ -51,6 +51,7 @@ def built_per_round(mode: str) -> list[int]:
     return built
 
 
+@pytest.mark.slow
 def test_an_epochs_shapes_met_again_build_no_kernels_once_widened() -> None:
     default = built_per_round("default")
     if default[0] < 1000:
