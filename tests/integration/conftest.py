@@ -24,4 +24,6 @@ def reverser_unseen(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Reverses the words of sentences it has never seen: its cross-attention follows the
     words it writes, so alignments and pictures have a known truth (the anti-diagonal)."""
     path = tmp_path_factory.mktemp("align") / "reverse.pt"
-    return copy_checkpoint(path, tiny_vocab(), steps=900, reverse=True, pool=ALIGN_POOL)
+    # 1,200 updates: the tests need every unseen sentence reversed exactly, which 900
+    # reached for some seeds and float32 summation orders and not for others.
+    return copy_checkpoint(path, tiny_vocab(), steps=1200, reverse=True, pool=ALIGN_POOL)
