@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from translation_ckpt import random_checkpoint, tiny_vocab
 from typer.testing import CliRunner
 from unix_helpers import error_line, no_escape, one_error
 
@@ -26,6 +27,14 @@ runner = CliRunner()
 SENTENCE = "the big red dog sat"
 REVERSED = "sat dog red big the"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model of the reverser's shape (1 layer a stack, 2 heads) with random weights: all
+    that the errors and the page without pictures need, without the reverser's training."""
+    path = tmp_path_factory.mktemp("untrained") / "model.pt"
+    return random_checkpoint(path, tiny_vocab(), d_model=64)
 
 
 def draw(model: Path, out: Path, *args: str) -> tuple[int, list[Path], str]:
@@ -144,43 +153,43 @@ def test_words_merge_pieces_and_say_so(reverser_unseen: Path, tmp_path: Path) ->
     ],
 )
 def test_bad_options_get_one_line(
-    reverser_unseen: Path, tmp_path: Path, args: list[str], message: str
+    untrained: Path, tmp_path: Path, args: list[str], message: str
 ) -> None:
-    code, _, err = draw(reverser_unseen, tmp_path / "out", *args)
+    code, _, err = draw(untrained, tmp_path / "out", *args)
     assert code == 1
     assert len(err.strip().splitlines()) == 1 and message in error_line(err)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_missing_model_empty_sentence_and_unwritable_output(
-    reverser_unseen: Path, tmp_path: Path
+    untrained: Path, tmp_path: Path
 ) -> None:
     code, _, err = draw(tmp_path / "nope.pt", tmp_path / "out")
     assert code == 1 and err.strip() == f"error: {tmp_path / 'nope.pt'}: no such checkpoint file"
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    code, _, err = draw(reverser_unseen, blocker / "out")
+    code, _, err = draw(untrained, blocker / "out")
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert f"--out {blocker / 'out'}: cannot create the directory" in error_line(err)
-    result = runner.invoke(app, ["attention", "", "-m", str(reverser_unseen), "-o", str(tmp_path)])
+    result = runner.invoke(app, ["attention", "", "-m", str(untrained), "-o", str(tmp_path)])
     one_error(result, 1, "the sentence is empty")
 
 
 def test_without_matplotlib_images_are_refused_and_html_still_works(
-    reverser_unseen: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    untrained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    code, _, err = draw(reverser_unseen, tmp_path, "--format", "png")
+    code, _, err = draw(untrained, tmp_path, "--format", "png")
     assert code == 1
     assert err.strip().splitlines() == [
         "error: matplotlib is not installed, and drawing PNG/SVG pictures needs it: "
         "pip install 'nmt-cli[plot]' (or pip install matplotlib); "
         "or pass --format html for the page alone, which needs no matplotlib"
     ]
-    code, files, err = draw(reverser_unseen, tmp_path, "--format", "html")
+    code, files, err = draw(untrained, tmp_path, "--format", "html")
     assert code == 0 and files == [tmp_path / "attention.html"]
 
 
