@@ -22,9 +22,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check nmt_cli tests bench
 	$(BIN)/mypy
 
+# Ray's driver is process-wide (its workers, its handling of Ctrl-C): the tests that run
+# a Ray cluster get a pytest process of their own, after the rest.
+RAY_TESTS := tests/integration/test_translate_ray.py
+
 # Every test; the 15 slowest named at the end, so that a test that grew slow is seen.
 test: lint
-	$(BIN)/pytest tests --durations=15
+	$(BIN)/pytest tests --durations=15 --ignore=$(RAY_TESTS)
+	$(BIN)/pytest $(RAY_TESTS)
 
 # The quick loop while working: every test but the long end-to-end ones (marked slow:
 # trainings, servers, clusters, subprocess start-ups), in under 2 minutes on 2 cores.
@@ -34,7 +39,8 @@ test-fast: $(STAMP)
 # The whole suite as an AVX2-only CPU runs it (no AVX-512 kernels, no bf16 units; oneDNN,
 # ATen and MKL capped too), on any machine: see nmt_cli/cpu_level.py.
 test-avx2: $(STAMP)
-	NMT_CPU_LEVEL=avx2 $(BIN)/pytest tests
+	NMT_CPU_LEVEL=avx2 $(BIN)/pytest tests --ignore=$(RAY_TESTS)
+	NMT_CPU_LEVEL=avx2 $(BIN)/pytest $(RAY_TESTS)
 
 # The tests of every stage under the floor, 2.11 and newest torch, each in its own
 # virtual environment cached outside the checkout (.ci/torch_range says which).
