@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast test-avx2 test-torch-range lint demo clean
+.PHONY: install test test-fast test-ray test-avx2 test-torch-range lint demo clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,14 +22,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check nmt_cli tests bench
 	$(BIN)/mypy
 
-# Ray's driver is process-wide (its workers, its handling of Ctrl-C): the tests that run
-# a Ray cluster get a pytest process of their own, after the rest.
-RAY_TESTS := tests/integration/test_translate_ray.py
-
 # Every test; the 15 slowest named at the end, so that a test that grew slow is seen.
 test: lint
-	$(BIN)/pytest tests --durations=15 --ignore=$(RAY_TESTS)
-	$(BIN)/pytest $(RAY_TESTS)
+	$(BIN)/pytest tests --durations=15
+
+# `nmt translate --ray` on local two-node Ray clusters, in a pytest process of its own
+# (a known issue: that process sometimes ends silently; see the test file).
+test-ray: $(STAMP)
+	NMT_TEST_RAY=1 $(BIN)/pytest tests/integration/test_translate_ray.py
 
 # The quick loop while working: every test but the long end-to-end ones (marked slow:
 # trainings, servers, clusters, subprocess start-ups), in under 2 minutes on 2 cores.
@@ -39,8 +39,7 @@ test-fast: $(STAMP)
 # The whole suite as an AVX2-only CPU runs it (no AVX-512 kernels, no bf16 units; oneDNN,
 # ATen and MKL capped too), on any machine: see nmt_cli/cpu_level.py.
 test-avx2: $(STAMP)
-	NMT_CPU_LEVEL=avx2 $(BIN)/pytest tests --ignore=$(RAY_TESTS)
-	NMT_CPU_LEVEL=avx2 $(BIN)/pytest $(RAY_TESTS)
+	NMT_CPU_LEVEL=avx2 $(BIN)/pytest tests
 
 # The tests of every stage under the floor, 2.11 and newest torch, each in its own
 # virtual environment cached outside the checkout (.ci/torch_range says which).
