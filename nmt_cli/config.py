@@ -28,6 +28,7 @@ from nmt_cli.core.precision import (
 )
 from nmt_cli.core.settings import SettingError, above, at_least, below, fraction, one_of
 from nmt_cli.errors import NmtError
+from nmt_cli.trees.linearize import LEAVES
 
 
 class ConfigError(NmtError):
@@ -68,9 +69,13 @@ class DataConfig:
     sample_max_pairs: bool = False  # max_pairs takes a seeded sample, not the first pairs
     on_bad_utf8: str = "error"  # or "replace": go on and count the damaged lines
     cache_dir: str = ""  # download cache of presets; empty = ~/.cache (datasets: its own)
+    # A treebank's targets (nmt_cli/trees/linearize.py): "xx", the paper's XX at every
+    # word, or "words", the word itself; the data directory's manifest decides at training.
+    tree_leaves: str = "xx"
 
     def __post_init__(self) -> None:
         one_of("data", self, "on_bad_utf8", ("error", "replace"))
+        one_of("data", self, "tree_leaves", LEAVES)
         at_least("data", self, 8, "vocab_size")
         at_least("data", self, 0, "max_len", "max_pairs", "seed")
         below("data", self, 2**32, "seed")  # numpy's and SentencePiece's seed range

@@ -88,6 +88,9 @@ def prepare_command(
         help="Lines SentencePiece learns from; 1,000,000.",
         show_default=False,
     ),
+    tree_leaves: str = typer.Option(
+        "xx", "--tree-leaves", help="A treebank's target leaves: xx (the paper's) or words."
+    ),
     cache_dir: str = typer.Option("", "--cache-dir", help="Download cache for presets."),
     workers: int = typer.Option(0, "--workers", help="Encoding processes; 0: all CPUs."),
     force: bool = typer.Option(False, "--force", help="Redo every stage, even finished ones."),
@@ -147,7 +150,7 @@ def prepare_command(
             max_pairs=max_pairs, sample_max_pairs=sample, valid_split=valid_split,
             test_split=test_split, seed=seed, on_bad_utf8=on_bad_utf8,
             vocab_sample_lines=vocab_sample_lines, cache_dir=cache_dir, workers=workers,
-            force=force, vocab_from=str(vocab_from or ""),
+            force=force, vocab_from=str(vocab_from or ""), tree_leaves=tree_leaves,
         )  # fmt: skip
         with StageProgress(err_console, enabled=not verbosity.quiet) as progress:
             result = prepare(cfg, progress)

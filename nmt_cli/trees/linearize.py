@@ -20,15 +20,24 @@ Exactly what `normalize` does to a treebank tree before it is linearized, in thi
 3. function tags and co-indices are removed from bracket labels: the label is cut at its
    first `-` or `=` (`NP-SBJ-1` -> `NP`, `PP-LOC=2` -> `PP`, `S-TPC-1` -> `S`; `PRT|ADVP`
    and labels that begin with `-` stay whole), as EVALB does before it compares labels;
-4. POS tags become `XX` in the target (the gold tree keeps them for scoring).
+4. POS tags become `XX` in the target (the gold tree keeps them for scoring), or, with
+   `leaves="words"`, the preterminal is written as its word (below).
 
 Nothing else changes: unary chains (`(S (VP ...))`, `(NP (NP ...))`) stay, words are
 not lower-cased, and no label is merged (EVALB's ADVP = PRT is a scoring rule).
 Steps 2 and 3 are what the standard evaluation ignores (COLLINS.prm deletes `-NONE-` and
 EVALB strips function tags), so the model learns exactly the brackets it is scored on.
 
+Leaves: the paper's targets hold `XX` for every word, so the decoder never sees which word
+it has reached and must count. Trained on a few thousand trees, such a model writes trees
+of one shape whatever the sentence (BENCHMARKS.md). `leaves="words"` writes each word in
+its place instead, `(S (NP John )NP (VP has (NP a dog )NP )VP . )S`: the target is longer
+by the words' extra subword pieces, and the decoder reads the sentence as it brackets it,
+as the parsers that read a tree as a language model do (Choe and Charniak 2016). The
+words are copied, never chosen: the tree constraint (constraint.py) forces each one.
+
 `delinearize` turns a model's output back into a tree over the source words, re-inserting
-them in order for the `XX` preterminals as Vinyals et al. do. An output that is not a
+them in order at the leaves (`XX` or the word) as Vinyals et al. do. An output that is not a
 well-formed linearization is repaired by the rules in its docstring, each one named.
 """
 
@@ -40,6 +49,7 @@ from nmt_cli.trees.tree import PLACEHOLDER_TAG, TOP, Tree, iter_nodes
 
 TRACE = "-NONE-"
 ROOT_LABELS = ("", TOP, "ROOT")
+LEAVES = ("xx", "words")  # what a target holds for each word: XX (the paper's), the word
 
 
 def base_label(label: str) -> str:
@@ -85,8 +95,9 @@ def source_words(tree: Tree) -> list[str]:
     return [word for tag, word in tree.preterminals() if tag != TRACE]
 
 
-def linearize(tree: Tree) -> str:
-    """The target sequence of a treebank tree: `(S (NP XX XX )NP (VP XX )VP XX )S`."""
+def linearize(tree: Tree, leaves: str = "xx") -> str:
+    """The target sequence of a treebank tree: `(S (NP XX XX )NP (VP XX )VP XX )S`, or
+    with `leaves="words"` `(S (NP The dog )NP (VP barked )VP . )S`."""
     parts: list[str] = []
     stack: list[Tree | str] = list(reversed(normalize(tree)))
     while stack:
@@ -94,7 +105,7 @@ def linearize(tree: Tree) -> str:
         if isinstance(node, str):
             parts.append(node)
         elif node.is_preterminal:
-            parts.append(PLACEHOLDER_TAG)
+            parts.append(str(node.children[0]) if leaves == "words" else PLACEHOLDER_TAG)
         else:
             parts.append("(" + node.label)
             stack.append(")" + node.label)
@@ -144,16 +155,16 @@ class Delinearized:
 
 def delinearize(output: str, words: list[str]) -> Delinearized:
     """The tree a linearized output describes, with `words` re-inserted in order at its
-    `XX` slots, under a `TOP` root.
+    leaves (`XX` or the word itself), under a `TOP` root.
 
     Tokens: `(LABEL` opens a bracket, `)` or `)LABEL` closes the innermost open one
-    (whatever label it names), anything else is a word slot (`XX`). An output that is not
+    (whatever label it names), anything else is a word's leaf. An output that is not
     a well-formed linearization of `len(words)` words is repaired by these rules, each
     named in `repairs` when it applied:
 
     - `unmatched-close`: a closing bracket with no bracket open is dropped;
     - `bare-open`: a `(` without a label is dropped;
-    - `other-token`: a slot token other than `XX` is taken as a slot;
+    - `other-token`: a leaf other than `XX` or the word due there is taken as its leaf;
     - `extra-slots`: slots after the last word are dropped;
     - `missing-words`: words left over at the end become `XX` preterminals at the end of
       the root's last child when that is a bracket (nearly always the `S` over the
@@ -178,7 +189,7 @@ def delinearize(output: str, words: list[str]) -> Delinearized:
         elif token == "(":
             repairs.add("bare-open")
         else:
-            if token != PLACEHOLDER_TAG:
+            if token != PLACEHOLDER_TAG and (used == len(words) or token != words[used]):
                 repairs.add("other-token")
             if used == len(words):
                 repairs.add("extra-slots")

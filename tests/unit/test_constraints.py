@@ -1,7 +1,7 @@
 """Constrained search (core/constraints.py): the parse-tree constraint makes every output a
-well-formed tree with a slot per input word, the phrase constraint makes every output
-start with its prefix and contain its phrases, beam 1 stays greedy search, and a
-constraint that forbids nothing changes nothing."""
+well-formed tree with a leaf per input word (an XX slot, or the word's own pieces), the
+phrase constraint makes every output start with its prefix and contain its phrases, beam 1
+stays greedy search, and a constraint that forbids nothing changes nothing."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from torch import Tensor
 from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.engines.translate.forced import ForcedIds, PhraseState
-from nmt_cli.trees.constraint import CLOSE, OPEN, SLOT, TreeVocabulary
+from nmt_cli.errors import UsageError
+from nmt_cli.trees.constraint import CLOSE, OPEN, SLOT, Leaves, TreeVocabulary
 from nmt_cli.trees.linearize import delinearize
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,9 +35,19 @@ EOS, A, B, C, D = 3, 4, 5, 6, 7
 # A parsing model's target pieces: brackets that open and close, a slot, and what a tree
 # never holds: words, a bracket that cannot close (PP), a bare closing bracket.
 PIECES = ["<pad>", "<unk>", "<s>", "</s>", "▁(S", "▁)S", "▁(NP", "▁)NP", "▁(VP", "▁)VP"]
-PIECES += ["▁XX", "▁the", "▁dog", "▁(PP", "▁)"]
+PIECES += ["▁XX", "▁the", "▁dog", "▁(PP", "▁)", "s", "ed"]
 TREES = TreeVocabulary.of_pieces(PIECES)
+WORD_TREES = TreeVocabulary.of_pieces(PIECES, "words")
+# What a word's leaf may be made of when the leaves are words: a word-start piece, then
+# continuations (ids 11-12 start a word, 15-16 continue one).
+STARTS, CONTINUATIONS = (11, 12), (15, 16)
 SRC_VOCAB = 20
+
+
+def slots(counts: list[int]) -> list[Leaves]:
+    """XX leaves for sentences of `counts` words."""
+    assert TREES is not None
+    return [TREES.leaves(["w"] * n, lambda word: []) for n in counts]
 
 
 @cache
@@ -116,12 +127,12 @@ def test_every_constrained_output_is_a_tree_with_a_slot_per_word(
     nbest = min(nbest, beam)
     limits = {"max_len_a": max_len_a, "max_len_b": max_len_b, "length_penalty": alpha}
     beamed = beam_search(
-        model, src, beam_size=beam, nbest=nbest, constraint=TREES.start(words), **limits
+        model, src, beam_size=beam, nbest=nbest, constraint=TREES.start(slots(words)), **limits
     )
-    greedy = greedy_search(model, src, constraint=TREES.start(words), **limits)
+    greedy = greedy_search(model, src, constraint=TREES.start(slots(words)), **limits)
     assert_trees(beamed, words)
     assert_trees(greedy, words)
-    one = beam_search(model, src, beam_size=1, constraint=TREES.start(words), **limits)
+    one = beam_search(model, src, beam_size=1, constraint=TREES.start(slots(words)), **limits)
     assert tokens(one) == tokens(greedy)
     for a, b in zip(one, greedy, strict=True):
         assert a[0].score == pytest.approx(b[0].score, abs=1e-4)
@@ -136,7 +147,8 @@ def test_a_model_that_wants_to_end_writes_the_shortest_tree() -> None:
     model = ScriptedModel({}, vocab=len(PIECES), default=wants)
     src = torch.tensor([[A, EOS], [A, EOS]])
     for search in (greedy_search, beam_search):
-        results = search(model, src, max_len_a=0.0, max_len_b=0, constraint=TREES.start([2, 3]))
+        tree = TREES.start(slots([2, 3]))
+        results = search(model, src, max_len_a=0.0, max_len_b=0, constraint=tree)
         outputs = [linearized(hyps[0].tokens) for hyps in results]
         assert outputs == ["(S XX XX )S", "(S XX XX XX )S"]
 
@@ -149,6 +161,85 @@ def test_only_brackets_that_open_and_close_and_slots_are_tree_pieces() -> None:
     assert kinds["▁the"] not in (OPEN, CLOSE, SLOT)
     assert TreeVocabulary.of_pieces(["<pad>", "<unk>", "<s>", "</s>", "▁the", "▁XX"]) is None
     assert TreeVocabulary.of_pieces(["<pad>", "<unk>", "<s>", "</s>", "▁(S", "▁)S"]) is None
+
+
+WORD = st.tuples(st.sampled_from(STARTS), st.lists(st.sampled_from(CONTINUATIONS), max_size=2))
+SENTENCE = st.lists(WORD.map(lambda w: (w[0], *w[1])), min_size=1, max_size=6).map(tuple)
+
+
+def read_words(ids: list[int], leaves: Leaves) -> str:
+    """A words-leaved output as text, each word's pieces (checked against its leaf) written
+    as the word's name `w<i>`, brackets as themselves."""
+    assert WORD_TREES is not None
+    out, used, at = [], 0, 0
+    while at < len(ids):
+        kind = int(WORD_TREES.kind[ids[at]])
+        if kind in (OPEN, CLOSE):
+            out.append(PIECES[ids[at]].removeprefix("▁"))
+            at += 1
+            continue
+        assert used < len(leaves), ids
+        word = leaves[used]
+        assert tuple(ids[at : at + len(word)]) == word, (ids, leaves)
+        out.append(f"w{used}")
+        used, at = used + 1, at + len(word)
+    return " ".join(out)
+
+
+@SETTINGS
+@given(
+    case=st.lists(st.tuples(st.integers(1, 6), SENTENCE), min_size=1, max_size=4),
+    beam=st.integers(1, 5),
+    nbest=st.integers(1, 5),
+    max_len_a=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
+    max_len_b=st.integers(0, 8),
+    seed=st.integers(0, 3),
+)
+def test_with_word_leaves_every_output_is_a_tree_that_writes_each_word_whole(
+    case: list[tuple[int, Leaves]],
+    beam: int,
+    nbest: int,
+    max_len_a: float,
+    max_len_b: int,
+    seed: int,
+) -> None:
+    """The same property where each leaf is its word's own pieces: every output is a
+    well-formed tree whose leaves are exactly the sentence's words, in order, each written
+    whole (no bracket between a word's pieces), and beam 1 is greedy search."""
+    assert WORD_TREES is not None
+    model = random_model(seed, len(PIECES))
+    src = sources([length for length, _ in case], seed)
+    leaves = [sentence for _, sentence in case]
+    limits = {"max_len_a": max_len_a, "max_len_b": max_len_b}
+    nbest = min(nbest, beam)
+    beamed = beam_search(
+        model, src, beam_size=beam, nbest=nbest, constraint=WORD_TREES.start(leaves), **limits
+    )
+    greedy = greedy_search(model, src, constraint=WORD_TREES.start(leaves), **limits)
+    one = beam_search(model, src, beam_size=1, constraint=WORD_TREES.start(leaves), **limits)
+    assert tokens(one) == tokens(greedy)
+    for results in (beamed, greedy):
+        for hyps, sentence in zip(results, leaves, strict=True):
+            assert hyps
+            names = [f"w{i}" for i in range(len(sentence))]
+            for hyp in hyps:
+                output = read_words(hyp.tokens, sentence)
+                read = delinearize(output, names)
+                assert read.repairs == (), (output, read.repairs)
+                assert read.tree.words() == names
+
+
+def test_word_leaves_are_the_words_own_pieces_and_brackets_cannot_be_words() -> None:
+    assert TREES is not None and WORD_TREES is not None
+    encode = {"the": [11], "dogs": [12, 15]}.__getitem__
+    assert WORD_TREES.slot is None and TREES.slot == PIECES.index("▁XX")
+    assert WORD_TREES.leaves(["the", "dogs"], encode) == ((11,), (12, 15))
+    assert TREES.leaves(["the", "dogs"], encode) == ((10,), (10,))
+    # In a words-leaved vocabulary XX is an ordinary piece: it may be part of a word.
+    assert int(WORD_TREES.kind[PIECES.index("▁XX")]) not in (OPEN, CLOSE, SLOT)
+    for word, pieces in (("(NP", [6]), ("(x", [11]), (")", [14]), ("S", [5])):
+        with pytest.raises(UsageError, match="bracket"):
+            WORD_TREES.leaves([word], lambda w, p=pieces: p)
 
 
 def contains(whole: list[int], part: tuple[int, ...]) -> bool:

@@ -18,6 +18,7 @@ from nmt_cli.engines.prepare.presets import default_direction, default_vocab_siz
 from nmt_cli.engines.prepare.sources import SourceRequest
 from nmt_cli.errors import UsageError
 from nmt_cli.text_io import BAD_UTF8_CHOICES
+from nmt_cli.trees.linearize import LEAVES
 
 if TYPE_CHECKING:  # the recipe config imports torch; prepare itself needs none of it
     from nmt_cli.config import DataConfig
@@ -47,6 +48,7 @@ class PrepareConfig:
     test_split: str = ""
     seed: int = 1
     on_bad_utf8: str = "error"
+    tree_leaves: str = "xx"  # a treebank's targets: XX (the paper's) or the word at each leaf
     vocab_sample_lines: int = 1_000_000  # lines SentencePiece trains on, at most
     vocab_from: str = ""  # a checkpoint whose own vocabulary encodes the corpus (fine-tuning)
     cache_dir: str = ""  # datasets cache; does not change the result
@@ -73,6 +75,8 @@ class PrepareConfig:
             raise UsageError(f"--vocab-sample-lines must be >= 1000, got {self.vocab_sample_lines}")
         if not 0 <= self.seed < 2**32:
             raise UsageError(f"--seed must be in [0, 2**32), got {self.seed}")
+        if self.tree_leaves not in LEAVES:
+            raise UsageError(f"--tree-leaves must be one of {', '.join(LEAVES)}")
         if self.workers < 0:
             raise UsageError(f"--workers must be >= 0 (0 = one per CPU), got {self.workers}")
 
@@ -100,13 +104,15 @@ class PrepareConfig:
         # refuse_other_heldout): `--test-split test_2016_flickr` and no option pick the same
         # file in Multi30k
         skip = {"out", "cache_dir", "workers", "force", "vocab_size", "source", "files"}
-        skip |= {"valid_split", "test_split", "vocab_from"}
+        skip |= {"valid_split", "test_split", "vocab_from", "tree_leaves"}
         out = {
             f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip
         }
         out["source"] = str(Path(self.source).resolve()) if self.source else ""
         if self.vocab_from:  # only then: directories made before it was a setting still match
             out["vocab_from"] = str(Path(self.vocab_from).resolve())
+        if self.tree_leaves != "xx":  # the same
+            out["tree_leaves"] = self.tree_leaves
         out["files"] = [
             [s, str(Path(a).resolve()), str(Path(b).resolve())] for s, a, b in self.files
         ]
@@ -137,6 +143,7 @@ def prepare_from_data_config(
         test_split=data.test_split,
         seed=data.seed,
         on_bad_utf8=data.on_bad_utf8,
+        tree_leaves=data.tree_leaves,
         cache_dir=cache_dir or data.cache_dir,
         workers=workers,
         force=force,

@@ -10,6 +10,7 @@ prove that path offline.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ class SourceRequest:
     test_split: str = ""
     cache_dir: str = ""
     on_bad_utf8: str = "error"
+    tree_leaves: str = "xx"  # a treebank's targets: XX or the word at each leaf
 
 
 def resolve_corpus(req: SourceRequest) -> Corpus:
@@ -75,6 +77,8 @@ def resolve_corpus(req: SourceRequest) -> Corpus:
     local_copy = copies and req.source and not req.files
     if sum(chosen) > 1 and not local_copy:
         raise NmtError("name one source: a preset, --from PATH, or explicit --train-src files")
+    if req.tree_leaves != "xx" and req.preset not in TREEBANKS:
+        raise NmtError("--tree-leaves is for treebanks (nmt prepare ptb, ptb-sample)")
     if req.preset:
         if req.preset == DEMO:
             return _demo(req)
@@ -187,10 +191,11 @@ def _treebank(req: SourceRequest) -> Corpus:
         raise NmtError(f"{req.preset} parses {SRC} into {TGT}s; drop --src/--tgt")
     if req.valid_split or req.test_split:
         raise NmtError(f"{req.preset} has a fixed split of its files; drop --valid/--test-split")
-    read = read_treebank(TREEBANKS[req.preset], req.source, req.cache_dir)
+    read = read_treebank(TREEBANKS[req.preset], req.source, req.cache_dir, req.tree_leaves)
     splits: dict[str, SplitSource] = {name: ListPairs(p) for name, p in read.pairs.items() if p}
     info = {**read.info, "whole_words": list(read.whole_words)}
-    return Corpus(SRC, TGT, splits, info, target_form=target_form)
+    form = functools.partial(target_form, leaves=req.tree_leaves)
+    return Corpus(SRC, TGT, splits, info, target_form=form)
 
 
 # --- datasets (Hub presets and local files) ------------------------------------------------

@@ -22,15 +22,18 @@ tree, kept whole as EVALB's gold trees are (`(TOP (S (NP-SBJ ...) ...))`, one a 
 traces and function tags in place) in the data directory's raw text of dev and test, so
 that the raw target text is the gold file `nmt score --trees` and `nmt run` score
 against. What the model learns is its linearization (`trees/linearize.py`:
-`(S (NP XX XX )NP ... )S`), which the clean stage makes of every target (`target_form`).
+`(S (NP XX XX )NP ... )S`, or with `--tree-leaves words` `(S (NP The dog )NP ... )S`),
+which the clean stage makes of every target (`target_form`); the manifest records the
+leaves (`source.tree_leaves`), and training takes them from there into the model's recipe.
 
 The vocabulary: one joint SentencePiece BPE model, as for translation, with every
-bracket token of the training trees and `XX` given to SentencePiece as whole words
-(`VocabInputs.whole_words`). Without that each of them becomes two pieces, `▁(` and
-`NP`: SentencePiece never merges punctuation with letters, so targets would be twice as
-long and a model could emit half a bracket. Source words are cut into BPE pieces as in
-translation; the paper's "vocabulary of 16K tokens" is the preset's size. Words never
-come from the target side, so pieces of rare words cost nothing at scoring time.
+bracket token of the training trees (and `XX`, where it is the leaf) given to
+SentencePiece as whole words (`VocabInputs.whole_words`). Without that each of them
+becomes two pieces, `▁(` and `NP`: SentencePiece never merges punctuation with letters,
+so targets would be twice as long and a model could emit half a bracket. Words are cut
+into BPE pieces as in translation; the paper's "vocabulary of 16K tokens" is the preset's
+size. A tree's words are never chosen by the model (XX leaves, or word leaves forced by
+the tree constraint), so pieces of rare words cost nothing at scoring time.
 
 A mirror (or the test suite's small zip) stands in for NLTK's through two environment
 variables: NMT_PTB_SAMPLE_URL, the zip's URL (`file:///...` works), and
@@ -51,8 +54,8 @@ from nmt_cli.data_dir import sha256_file
 from nmt_cli.engines.prepare.download import fetch
 from nmt_cli.engines.prepare.multi30k import cache_folder
 from nmt_cli.errors import NmtError
-from nmt_cli.trees.linearize import evaluation_tree, linearize, source_words
-from nmt_cli.trees.tree import Tree, read_tree, read_trees
+from nmt_cli.trees.linearize import LEAVES, evaluation_tree, linearize, source_words
+from nmt_cli.trees.tree import PLACEHOLDER_TAG, Tree, read_tree, read_trees
 
 SAMPLE_URL = (
     "https://raw.githubusercontent.com/nltk/nltk_data/gh-pages/packages/corpora/treebank.zip"
@@ -103,20 +106,26 @@ class TreebankSplits:
 
     pairs: dict[str, list[tuple[str, str]]]
     info: dict[str, Any]
-    whole_words: tuple[str, ...]  # every token of the training targets (brackets, XX)
+    whole_words: tuple[str, ...]  # every tree token of the training targets (brackets, XX)
 
 
-def target_form(gold: str) -> str:
+def target_form(gold: str, leaves: str = "xx") -> str:
     """The target a model learns from a gold tree line: its linearization."""
     tree, _ = read_tree(gold)
-    return linearize(tree) if tree is not None else ""
+    return linearize(tree, leaves) if tree is not None else ""
 
 
 def read_treebank(
-    preset: TreebankPreset, source: str, cache_dir: str, environ: Mapping[str, str] = os.environ
+    preset: TreebankPreset,
+    source: str,
+    cache_dir: str,
+    leaves: str = "xx",
+    environ: Mapping[str, str] = os.environ,
 ) -> TreebankSplits:
     """The preset's splits, from `source` (a zip or a folder) or, for the sample, the
-    verified download."""
+    verified download; `leaves` (linearize.LEAVES) is what the targets hold for words."""
+    if leaves not in LEAVES:
+        raise NmtError(f"tree leaves must be one of {', '.join(LEAVES)}, got {leaves!r}")
     if source:
         path = Path(source)
         if not path.exists():
@@ -144,7 +153,7 @@ def read_treebank(
                     continue  # a tree of traces only: nothing to parse
                 pairs[split].append((" ".join(words), evaluation_tree(tree).bracketed()))
                 if split == "train":
-                    tokens.update(linearize(tree).split())
+                    tokens.update(linearize(tree).split())  # brackets and XX
         counts[split] = {"files": len(members), "sentences": len(pairs[split])}
     for needed in ("train", "valid"):
         if not pairs.get(needed):
@@ -152,8 +161,10 @@ def read_treebank(
                 f"{path}: no {needed} trees for {preset.name} (files "
                 f"{_range_text(preset, needed)}); is it the treebank's WSJ part?"
             )
+    if leaves != "xx":
+        tokens.discard(PLACEHOLDER_TAG)
     info: dict[str, Any] = {"kind": "treebank", "name": preset.name, "from": origin}
-    info["splits"] = counts
+    info["splits"], info["tree_leaves"] = counts, leaves
     if path.is_file():
         info["sha256"] = sha256_file(path)
     return TreebankSplits(pairs, info, tuple(sorted(tokens)))

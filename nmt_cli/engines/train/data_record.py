@@ -4,8 +4,9 @@ and the directory's manifest recorded in the run directory.
 The recipe names a data directory, but the directory decides what is trained: its
 languages, its vocabulary, its sentences. A recipe whose [data] says en->de pointed (by
 `--set data.dir=...`) at an en->fr directory would train an en->fr model and record
-"de" in config.json. So languages that disagree are refused, vocabulary settings that
-disagree are reported and recorded as the directory has them, and `data.json` in the run
+"de" in config.json. So languages that disagree are refused, vocabulary settings (and a
+treebank's tree leaves, which decoding reads from the checkpoint's recipe) that disagree
+are reported and recorded as the directory has them, and `data.json` in the run
 directory keeps the manifest's languages, vocabulary, counts and checksums. A resumed
 run whose directory now holds other data (other checksums) is refused: its data position
 and schedule would silently apply to different sentences.
@@ -31,7 +32,8 @@ class Reconciled:
 
 
 def reconcile(recipe: RecipeConfig, data: PreparedData) -> Reconciled:
-    """Refuse other languages; take the directory's vocabulary settings, with a warning."""
+    """Refuse other languages; take the directory's vocabulary settings and tree leaves,
+    with a warning."""
     want = (recipe.data.src, recipe.data.tgt)
     have = (data.src_lang, data.tgt_lang)
     if want != have:
@@ -42,14 +44,17 @@ def reconcile(recipe: RecipeConfig, data: PreparedData) -> Reconciled:
         )
     vocab = data.manifest.get("vocab", {})
     found = {"vocab_size": vocab.get("size"), "joint_vocab": vocab.get("joint")}
+    source = data.manifest.get("source", {})
+    if source.get("kind") == "treebank":  # directories from before the setting hold XX
+        found["tree_leaves"] = source.get("tree_leaves", "xx")
     changes: dict[str, Any] = {}
     warnings = []
     for key, value in found.items():
         if value is not None and getattr(recipe.data, key) != value:
             warnings.append(
                 f"the recipe's data.{key} is {getattr(recipe.data, key)} but {data.root} was "
-                f"prepared with {value}; training uses the directory's vocabulary, and "
-                "config.json records it"
+                f"prepared with {value}; training uses the directory's, and config.json "
+                "records it"
             )
             changes[key] = value
     if not changes:

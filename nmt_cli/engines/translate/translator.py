@@ -197,8 +197,10 @@ class Translator:
         )
         translator = cls(model, vocab, cfg, workers, alignment_layer, precision, threads)
         translator.plan = plan
-        if ckpts[0].recipe and ckpts[0].recipe.get("score", {}).get("metric") == "trees":
-            translator.trees = TreeVocabulary.of(vocab.tgt)
+        recipe = ckpts[0].recipe or {}
+        if recipe.get("score", {}).get("metric") == "trees":
+            leaves = recipe.get("data", {}).get("tree_leaves", "xx")
+            translator.trees = TreeVocabulary.of(vocab.tgt, leaves)
         return translator
 
     @property
@@ -320,7 +322,8 @@ class Translator:
                     "this is a parsing model: its outputs are trees over the input's words, "
                     "so a prefix or constraints cannot be given"
                 )
-            return [len(line.split()) for line in lines]
+            trees, encode = self.trees, self.vocab.tgt.encode
+            return [trees.leaves(line.split(), lambda w: encode([w])[0]) for line in lines]
         if forced is None or not any(f.tokens for f in forced):
             return None
         return list(forced)
@@ -330,7 +333,7 @@ class Translator:
         if needs is None:
             return None
         if self.trees is not None:
-            return self.trees.start([n for n in needs if isinstance(n, int)], device)
+            return self.trees.start([n for n in needs if isinstance(n, tuple)], device)
         return PhraseState([n for n in needs if isinstance(n, ForcedIds)], device)
 
     def decode_rows(

@@ -43,12 +43,13 @@ from nmt_cli.core.search import Hypothesis
 from nmt_cli.engines.translate.forced import ForcedIds
 from nmt_cli.errors import NmtError
 from nmt_cli.heap import Releaser
+from nmt_cli.trees.constraint import Leaves
 
 Rows = list[list[int]]  # one batch: the source token ids of its sentences
 Decoded = list[list[Hypothesis]]  # per sentence of a batch, its hypotheses
-# per sentence of a batch, what constrains its output: a parse tree's word count, or a
-# translation's forced prefix and phrases; None: nothing
-Needs = Sequence[int | ForcedIds] | None
+# per sentence of a batch, what constrains its output: a parse tree's leaves (each word's
+# target pieces), or a translation's forced prefix and phrases; None: nothing
+Needs = Sequence[Leaves | ForcedIds] | None
 
 WORKER_DIED = (
     "a decoding worker process died (out of memory?); try --workers 1 or a smaller --batch-size"
