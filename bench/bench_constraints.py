@@ -9,7 +9,8 @@ alike), median CPU seconds of the rounds:
 
 1. no constraint: this tree's search against `--baseline`'s (its core/search.py loaded
    from git), the same outputs required; the times are directly comparable;
-2. the tree constraint, and prefix + phrase constraints (dynamic beam allocation),
+2. the tree constraint (XX leaves, and word leaves of one or two pieces a word), and
+   prefix + phrase constraints (dynamic beam allocation),
    against none: a random model writes outputs of other lengths under a constraint, so
    these compare the time per decoder step (rows of hypotheses each step, summed).
 
@@ -121,7 +122,16 @@ def main() -> None:
         src[row, length] = 3
     words = [max(1, round(n * 0.8)) for n in lengths]  # words: fewer than pieces
     trees = TreeVocabulary.of_pieces(target)
-    assert trees is not None
+    word_trees = TreeVocabulary.of_pieces(target, "words")
+    assert trees is not None and word_trees is not None
+    slots = [trees.leaves(["w"] * n, lambda w: []) for n in words]
+    # Word leaves: each word one or two of the vocabulary's word pieces, as BPE cuts words.
+    first_word = target.index("\u2581w0")
+    spelled = [
+        tuple(tuple(torch.randint(first_word, args.vocab, (1 + int(k % 3 == 0),),
+                                  generator=gen).tolist()) for k in range(n))
+        for n in words
+    ]  # fmt: skip
     forced = [ForcedIds(prefix=(100, 101), phrases=((200, 201), (300,))) for _ in lengths]
     # A random model rarely ends: a short limit keeps every run at its length limit.
     limits = {"max_len_a": 1.0, "max_len_b": 10, "length_penalty": 0.6}
@@ -134,7 +144,8 @@ def main() -> None:
     cases: dict[str, Callable[[Counted], Any]] = {
         "baseline, no constraint": lambda m: beam(before, m),
         "this tree, no constraint": lambda m: beam(search, m),
-        "tree constraint": lambda m: beam(search, m, trees.start(words)),
+        "tree constraint (XX)": lambda m: beam(search, m, trees.start(slots)),
+        "tree constraint (words)": lambda m: beam(search, m, word_trees.start(spelled)),
         "prefix + 2 phrases": lambda m: beam(search, m, PhraseState(forced)),
     }
     seconds: dict[str, list[float]] = {name: [] for name in cases}

@@ -60,6 +60,7 @@ class TreeVocabulary:
     label: Tensor  # (V,) long: the label's index for OPEN and CLOSE, else 0
     close_of: Tensor  # (labels,) long: the closing piece of each label
     slot: int | None  # the XX piece; None where every leaf is its word's own pieces
+    brackets: dict[int, str]  # each bracket piece's token: "(NP", ")NP"
 
     @property
     def ids(self) -> Tensor:
@@ -94,7 +95,9 @@ class TreeVocabulary:
             kind[slot] = SLOT
         kind[EOS_ID] = END
         close_of = torch.tensor([closes[name] for name in labels], dtype=torch.long)
-        return cls(kind, label, close_of, slot)
+        brackets = {opens[name]: "(" + name for name in labels}
+        brackets.update({closes[name]: ")" + name for name in labels})
+        return cls(kind, label, close_of, slot, brackets)
 
     def leaves(self, words: Sequence[str], encode: Callable[[str], list[int]]) -> Leaves:
         """A sentence's leaves: `XX` for each word, or each word's own target pieces
@@ -113,6 +116,28 @@ class TreeVocabulary:
                 )
             out.append(pieces)
         return tuple(out)
+
+    def text(self, tokens: Sequence[int], words: Sequence[str], leaves: Leaves) -> str | None:
+        """A word-leaved output as text, each leaf written as the sentence's own word (a
+        word's pieces need not decode to it: characters the vocabulary lacks come back as
+        SentencePiece's unknown mark); None where the leaves are XX, or where `tokens` do
+        not hold `leaves` in order between brackets (the pieces' text is then the output)."""
+        if self.slot is not None:
+            return None
+        out: list[str] = []
+        used, at = 0, 0
+        while at < len(tokens):
+            token = tokens[at]
+            if token in self.brackets:
+                out.append(self.brackets[token])
+                at += 1
+                continue
+            if used == len(leaves) or tuple(tokens[at : at + len(leaves[used])]) != leaves[used]:
+                return None
+            out.append(words[used])
+            at += len(leaves[used])
+            used += 1
+        return " ".join(out)
 
     def start(self, leaves: Sequence[Leaves], device: torch.device | str = "cpu") -> TreeState:
         """The state of a batch of sentences given their leaves (`leaves`), before any token."""

@@ -90,6 +90,34 @@ def test_prepare_from_a_zip_keeps_gold_trees_and_encodes_their_linearization(
     assert data.vocab.tgt.decode(list(tgt[0])) == linearized
 
 
+def test_prepare_with_word_leaves_writes_the_words_in_the_trees(
+    treebank_zip: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "ptbw"
+    args = ["prepare", "ptb-sample", "--from", str(treebank_zip), "--out", str(out), "-q"]
+    done = runner.invoke(app, [*args, "--vocab-size", VOCAB, "--tree-leaves", "words"])
+    assert done.exit_code == 0, done.output
+    data = open_data_dir(out)
+    assert data.manifest["source"]["tree_leaves"] == "words"
+    assert data.manifest["settings"]["tree_leaves"] == "words"
+    _, tgt = data.split("test")
+    linearized = "(S (NP firms )NP (VP gave (PRT up )PRT )VP , (NP he )NP (VP said )VP . )S"
+    assert data.vocab.tgt.decode(list(tgt[0])) == linearized
+    pieces = data.vocab.tgt.pieces(list(tgt[0]))
+    assert [p for p in pieces if p[1:2] in ("(", ")")] == [
+        "\u2581" + t for t in linearized.split() if t[0] in "()"
+    ]  # brackets stay whole pieces; words are cut as the vocabulary cuts them
+    assert "\u2581XX" not in data.vocab.tgt.pieces(range(len(data.vocab.tgt)))
+    # the same directory with the paper's leaves is other data: refused without --force
+    again = runner.invoke(app, [*args, "--vocab-size", VOCAB])
+    one_error(again, 1, "was prepared with other settings (tree_leaves 'words'")
+    one_error(runner.invoke(app, ["prepare", "demo", "--out", str(tmp_path / "d"),
+                                  "--tree-leaves", "words"]), 1,
+              "--tree-leaves is for treebanks")  # fmt: skip
+    one_error(runner.invoke(app, [*args, "--tree-leaves", "tags"]), 2,
+              "--tree-leaves must be one of xx, words")  # fmt: skip
+
+
 def test_prepare_downloads_the_sample_once_and_checks_it(
     treebank_zip: Path, tmp_path: Path
 ) -> None:

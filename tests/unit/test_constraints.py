@@ -167,25 +167,6 @@ WORD = st.tuples(st.sampled_from(STARTS), st.lists(st.sampled_from(CONTINUATIONS
 SENTENCE = st.lists(WORD.map(lambda w: (w[0], *w[1])), min_size=1, max_size=6).map(tuple)
 
 
-def read_words(ids: list[int], leaves: Leaves) -> str:
-    """A words-leaved output as text, each word's pieces (checked against its leaf) written
-    as the word's name `w<i>`, brackets as themselves."""
-    assert WORD_TREES is not None
-    out, used, at = [], 0, 0
-    while at < len(ids):
-        kind = int(WORD_TREES.kind[ids[at]])
-        if kind in (OPEN, CLOSE):
-            out.append(PIECES[ids[at]].removeprefix("▁"))
-            at += 1
-            continue
-        assert used < len(leaves), ids
-        word = leaves[used]
-        assert tuple(ids[at : at + len(word)]) == word, (ids, leaves)
-        out.append(f"w{used}")
-        used, at = used + 1, at + len(word)
-    return " ".join(out)
-
-
 @SETTINGS
 @given(
     case=st.lists(st.tuples(st.integers(1, 6), SENTENCE), min_size=1, max_size=4),
@@ -223,7 +204,9 @@ def test_with_word_leaves_every_output_is_a_tree_that_writes_each_word_whole(
             assert hyps
             names = [f"w{i}" for i in range(len(sentence))]
             for hyp in hyps:
-                output = read_words(hyp.tokens, sentence)
+                # The leaves in order, whole, between brackets; each written as its word.
+                output = WORD_TREES.text(hyp.tokens, names, sentence)
+                assert output is not None, (hyp.tokens, sentence)
                 read = delinearize(output, names)
                 assert read.repairs == (), (output, read.repairs)
                 assert read.tree.words() == names
@@ -233,8 +216,12 @@ def test_word_leaves_are_the_words_own_pieces_and_brackets_cannot_be_words() -> 
     assert TREES is not None and WORD_TREES is not None
     encode = {"the": [11], "dogs": [12, 15]}.__getitem__
     assert WORD_TREES.slot is None and TREES.slot == PIECES.index("▁XX")
-    assert WORD_TREES.leaves(["the", "dogs"], encode) == ((11,), (12, 15))
-    assert TREES.leaves(["the", "dogs"], encode) == ((10,), (10,))
+    leaves = WORD_TREES.leaves(["the", "dogs"], encode)
+    assert leaves == ((11,), (12, 15)) and TREES.leaves(["the", "dogs"], encode) == ((10,), (10,))
+    tree = [4, 6, 11, 12, 15, 7, 5]  # (S (NP the dogs )NP )S, the pieces as words
+    assert WORD_TREES.text(tree, ["the", "dogs"], leaves) == "(S (NP the dogs )NP )S"
+    assert WORD_TREES.text([4, 6, 11, 12, 7, 5], ["the", "dogs"], leaves) is None  # half a word
+    assert TREES.text(tree, ["the", "dogs"], leaves) is None  # XX leaves: the pieces' text
     # In a words-leaved vocabulary XX is an ordinary piece: it may be part of a word.
     assert int(WORD_TREES.kind[PIECES.index("▁XX")]) not in (OPEN, CLOSE, SLOT)
     for word, pieces in (("(NP", [6]), ("(x", [11]), (")", [14]), ("S", [5])):

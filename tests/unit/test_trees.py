@@ -79,15 +79,31 @@ def test_traces_function_tags_and_roots_are_normalised_away() -> None:
     assert [tag for tag, _ in kept.preterminals()] == ["NNP", "-LRB-", "NNP", "-RRB-"]
 
 
-def test_every_hand_made_tree_comes_back_from_its_linearization() -> None:
+def test_word_leaves_write_each_word_where_its_xx_stands() -> None:
+    john, said = hand_trees()[:2]
+    assert linearize(john, "words") == "(S (NP John )NP (VP has (NP a dog )NP )VP . )S"
+    words = iter(source_words(said))
+    xx = linearize(said).split()
+    assert linearize(said, "words").split() == [t if t != "XX" else next(words) for t in xx]
+
+
+@pytest.mark.parametrize("leaves", ["xx", "words"])
+def test_every_hand_made_tree_comes_back_from_its_linearization(leaves: str) -> None:
     for original in hand_trees():
-        made = delinearize(linearize(original), source_words(original))
+        made = delinearize(linearize(original, leaves), source_words(original))
         assert made.repairs == ()
         assert made.tree == Tree("TOP", tuple(normalize(original)))
         # and it scores 100 against the gold tree EVALB reads
         gold = evaluation_tree(original).bracketed()
-        score = score_trees([linearize(original)], [gold], [" ".join(source_words(original))])
+        line = " ".join(source_words(original))
+        score = score_trees([linearize(original, leaves)], [gold], [line])
         assert (score.f1, score.repaired, score.all.error_sentences) == (100.0, 0, 0)
+
+
+def test_a_word_leaf_that_is_not_the_word_due_is_a_repair() -> None:
+    made = delinearize("(S (NP John )NP (VP sings )VP )S", ["John", "has"])
+    assert made.repairs == ("other-token",)
+    assert made.tree.words() == ["John", "has"]  # the source's words, in order
 
 
 def test_the_reader_round_trips_and_names_every_repair() -> None:

@@ -50,7 +50,17 @@ def test_the_sample_is_split_by_file_number_into_words_and_gold_trees(tmp_path: 
     assert read.whole_words == ("(NP", "(S", "(VP", ")NP", ")S", ")VP", "XX")  # train only
     assert read.info["kind"] == "treebank" and read.info["name"] == "ptb-sample"
     assert read.info["splits"]["train"] == {"files": 2, "sentences": 3}
-    assert len(read.info["sha256"]) == 64
+    assert len(read.info["sha256"]) == 64 and read.info["tree_leaves"] == "xx"
+
+
+def test_word_leaves_keep_only_brackets_whole_and_are_recorded(tmp_path: Path) -> None:
+    read = read_treebank(PTB_SAMPLE, str(write_zip(tmp_path / "tb.zip", TREES)), "", "words")
+    assert read.whole_words == ("(NP", "(S", "(VP", ")NP", ")S", ")VP")  # no XX
+    assert read.info["tree_leaves"] == "words"
+    gold = read.pairs["train"][1][1]
+    assert target_form(gold, "words") == "(S (NP He )NP (VP left )VP )S"
+    with pytest.raises(NmtError, match="tree leaves must be one of xx, words"):
+        read_treebank(PTB_SAMPLE, str(tmp_path / "tb.zip"), "", "tags")
 
 
 def test_an_unpacked_folder_reads_like_the_zip(tmp_path: Path) -> None:

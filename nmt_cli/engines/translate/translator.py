@@ -64,7 +64,7 @@ from nmt_cli.engines.translate.views import (
 )
 from nmt_cli.engines.translate.workers import DecodePool, Needs
 from nmt_cli.errors import UsageError
-from nmt_cli.trees.constraint import TreeVocabulary
+from nmt_cli.trees.constraint import Leaves, TreeVocabulary
 
 
 @dataclass(frozen=True)
@@ -305,7 +305,14 @@ class Translator:
             Translation(
                 source=line,
                 hypotheses=[
-                    _result(h, ids[i], self.vocab, self.aligner is not None, attention)
+                    _result(
+                        h,
+                        ids[i],
+                        self.vocab,
+                        self.aligner is not None,
+                        attention,
+                        self._tree_text(h.tokens, line, needs[i]) if needs else None,
+                    )
                     for h in hyps[i]
                 ],
                 truncated=truncated[i],
@@ -327,6 +334,13 @@ class Translator:
         if forced is None or not any(f.tokens for f in forced):
             return None
         return list(forced)
+
+    def _tree_text(self, tokens: list[int], line: str, need: Leaves | ForcedIds) -> str | None:
+        """A word-leaved tree's text with the line's own words at its leaves (None: the
+        pieces' text is the output)."""
+        if self.trees is None or not isinstance(need, tuple):
+            return None
+        return self.trees.text(tokens, line.split(), need)
 
     def _constraint(self, needs: Needs, device: torch.device) -> ConstraintState | None:
         """The constraint state of one batch, one row per sentence (`_needs`)."""
@@ -420,10 +434,16 @@ def length_batches(
 
 
 def _result(
-    hyp: Hypothesis, src_ids: list[int], vocab: VocabPair, align: bool, attention: bool
+    hyp: Hypothesis,
+    src_ids: list[int],
+    vocab: VocabPair,
+    align: bool,
+    attention: bool,
+    text: str | None = None,
 ) -> TranslatedHypothesis:
-    """A hypothesis as text, with its alignment and source attention when asked for."""
-    text = vocab.tgt.decode(hyp.tokens)
+    """A hypothesis as text (`text`, else its pieces decoded), with its alignment and
+    source attention when asked for."""
+    text = vocab.tgt.decode(hyp.tokens) if text is None else text
     # One output line per input line, whatever the vocabulary can produce.
     text = " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
     alignment, source_attention = None, None
