@@ -164,7 +164,8 @@ def _score_trees(
             )
         if result.all.tagging_accuracy is None:
             info(
-                "tagging accuracy n/a: the hypotheses carry no POS tags of their own (XX)",
+                "tagging accuracy n/a: the hypotheses carry no POS tags of their own "
+                "(their leaves are XX or the words)",
                 verbosity,
             )
         if result.repaired:

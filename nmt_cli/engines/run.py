@@ -104,7 +104,7 @@ class ParseScore:
     complete_match: float
     f1_short: float  # sentences of at most `cutoff_len` words
     cutoff_len: int
-    tagging_accuracy: float | None  # None: the outputs carry no POS tags (XX)
+    tagging_accuracy: float | None  # None: the outputs carry no POS tags (leaves: XX or words)
     error_sentences: int  # left out by EVALB (words differ from the gold tree's)
     repaired: int  # outputs that were not well-formed trees, repaired by the stated rules
     repairs: dict[str, int]  # outputs each repair rule applied to
