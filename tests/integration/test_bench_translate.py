@@ -94,3 +94,67 @@ def test_the_table_gives_both_nmt_ratios_to_the_peer(report: str) -> None:
     elif wall - startup < -0.01:
         assert left_out
     assert "sacreBLEU signature: nrefs:1" in report
+
+
+# The harness's rule for the command's figure, on measurements given to it (its own
+# timing decides which case a real run is in): run in a child Python from bench/, as the
+# script itself runs, with the systems replaced by two whose times are fixed.
+FIXED_SYSTEMS = """
+import argparse, sys
+from pathlib import Path
+import bench_translate as bench
+
+def system(name, kind, peer, seconds):
+    def run(layout, batch, lines, out):
+        outputs = ["x"] * len(lines.read_text(encoding="utf-8").splitlines())
+        return bench.Measured(seconds, outputs, None, "run " + name, "details")
+    return bench.System(name, kind, peer, run)
+
+chosen = [
+    system("CT2 float32", "CT2", "", 0.5),
+    system("nmt fp32 command", "command", "CT2 float32", float(sys.argv[1])),
+]
+bench.systems = lambda args, dirs: chosen
+args = argparse.Namespace(ref=None, layouts=[1], batches=[4], single=1, rounds=1, startup_runs=1)
+bench.speed(args, ["a b"] * 6, {}, Path(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("seconds", "printed", "cells", "summary"),
+    [
+        (
+            0.25,
+            "round 1, 1 core, batch 4, nmt fp32 command: 24.0 sent/s, - tok/s "
+            "(6 sentences in 0.25s); 2.00x CT2 float32",
+            "| nmt fp32 command | 24.0 | - | - | **2.00x** CT2 float32 (2.00) |",
+            ["| batch 4 | 24.0 | 12.0 |", "| batch 4 | 2.00x |"],
+        ),
+        (
+            0.0,
+            "nmt fp32 command: no figure, its start-up varied by more than its decoding took",
+            "| nmt fp32 command | - | - | - |  |",
+            ["| batch 4 | - | 12.0 |", "| batch 4 | - |"],
+        ),
+        (
+            -0.03,
+            "nmt fp32 command: no figure, its start-up varied by more than its decoding took",
+            "| nmt fp32 command | - | - | - |  |",
+            ["| batch 4 | - | 12.0 |", "| batch 4 | - |"],
+        ),
+    ],
+)
+def test_the_command_gets_a_figure_only_for_a_positive_time(
+    tmp_path: Path, seconds: float, printed: str, cells: str, summary: list[str]
+) -> None:
+    """Six sentences in a positive time give six over it and the ratio to the peer's
+    (12.0 sent/s); none, the line saying so and an empty row, never a negative speed."""
+    done = subprocess.run(
+        [sys.executable, "-c", FIXED_SYSTEMS, str(seconds), str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT / "bench", timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert printed in lines
+    assert "| CT2 float32 | 12.0 | - | - |  |" in lines and cells in lines
+    assert [line for line in lines if line.startswith("| batch 4 |")] == summary

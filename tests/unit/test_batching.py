@@ -44,6 +44,40 @@ def test_batches_fit_max_tokens_and_group_lengths(
     assert len(batches) < len(src) / 3
 
 
+def test_a_batch_takes_every_pair_that_fits_exactly() -> None:
+    """max_tokens bounds the padded batch, which may reach it: pairs of 3 tokens (4 with
+    EOS and BOS) fill 8 two at a time. Counted at a multiple of 8, as collate pads them,
+    pairs of 5 tokens (6) take 8 each: two per 16, and their padded tensors hold 16."""
+    three = np.full(6, 3)
+    batches = length_grouped_batches(three, three, max_tokens=8, seed=0, epoch=0, shuffle=False)
+    assert [len(b) for b in batches] == [2, 2, 2]
+    five = np.full(6, 5)
+    padded = length_grouped_batches(five, five, 16, seed=0, epoch=0, shuffle=False, multiple=8)
+    assert [len(b) for b in padded] == [2, 2, 2]
+    rows = [list(range(4, 9))] * 6
+    for b in padded:
+        batch = collate(rows, rows, b, multiple=8)
+        assert batch.src.shape == batch.tgt_in.shape == (2, 8)
+
+
+def test_the_batches_themselves_come_in_a_seeded_random_order(
+    lengths: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """Cut in length order, then shuffled: an epoch does not run from short sentences to
+    long ones, and the next epoch takes the same kind of batches in another order."""
+    src, tgt = lengths
+
+    def longest(epoch: int, shuffle: bool = True) -> list[int]:
+        batches = length_grouped_batches(src, tgt, 200, seed=5, epoch=epoch, shuffle=shuffle)
+        return [int(tgt[b].max()) for b in batches]
+
+    in_order = longest(0, shuffle=False)
+    assert in_order == sorted(in_order)
+    first, second = longest(0), longest(1)
+    assert sorted(first) == sorted(second) == in_order
+    assert first != in_order and first != in_order[::-1] and first != second
+
+
 def test_oversize_pair_gets_its_own_batch() -> None:
     src = np.array([3, 50, 4, 2])
     tgt = np.array([3, 5, 60, 2])

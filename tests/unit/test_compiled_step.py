@@ -509,27 +509,32 @@ def test_build_decoder_gives_cpu_models_the_compiled_step(kernel: ModuleType) ->
 def test_the_build_is_cached_per_source_and_torch_version(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A new PyTorch or a changed source names another module (never a stale load); the
-    same of both names the same one; TORCH_EXTENSIONS_DIR says where."""
+    """Each PyTorch version and each source text has a cache entry (a directory under
+    TORCH_EXTENSIONS_DIR) of its own, so a new PyTorch or a changed source never loads a
+    stale build; the same of both finds the same entry again."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    directory = build.build_directory()
-    assert directory.parent == tmp_path
-    assert torch.__version__ not in directory.name  # hashed with the source text
-    assert not build.is_built()
-    here = build._module_name()
-    build._module_name.cache_clear()
+
+    def entry() -> Path:
+        build._module_name.cache_clear()  # the name is computed once per process
+        return build.build_directory()
+
     try:
-        assert build._module_name() == here  # the same torch and sources: the same module
-        monkeypatch.setattr(torch, "__version__", torch.__version__ + ".other")
-        build._module_name.cache_clear()
-        assert build._module_name() != here
-        monkeypatch.undo()
+        here = entry()
+        assert here.parent == tmp_path and not build.is_built()
+        assert torch.__version__ not in here.name  # hashed with the source text
+        assert entry() == here  # the same torch and sources: the same entry
+        with monkeypatch.context() as patch:
+            patch.setattr(torch, "__version__", "2.99.0")
+            newer = entry()
+            patch.setattr(torch, "__version__", "2.98.0")
+            older = entry()
+        assert len({here, newer, older}) == 3 and {newer.parent, older.parent} == {tmp_path}
+        assert entry() == here  # back on this PyTorch: its own entry again
         source = tmp_path / "csrc"
         shutil.copytree(build._CSRC, source)
         (source / "cpu_level.cpp").write_text((source / "cpu_level.cpp").read_text() + "\n")
         monkeypatch.setattr(build, "SOURCES", [source / p.name for p in build.SOURCES])
-        build._module_name.cache_clear()
-        assert build._module_name() != here  # one changed byte of one source
+        assert entry() not in {here, newer, older}  # one changed byte of one source
     finally:
         monkeypatch.undo()
         build._module_name.cache_clear()

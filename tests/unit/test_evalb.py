@@ -79,6 +79,32 @@ def test_crossing_brackets_are_counted_per_test_bracket() -> None:
     assert counts(s) == (4, 1, 3, 4, 1, 4, 4)
 
 
+def test_a_crossing_counts_whichever_bracket_starts_first() -> None:
+    """A test bracket crosses a gold one that starts inside it (X over "a b" against NP
+    over "b c") as much as one it starts inside (the trees swapped)."""
+    starts_before = "(TOP (S (X (NN a) (NN b)) (NN c)))"
+    starts_inside = "(TOP (S (NN a) (NP (NN b) (NN c))))"
+    assert counts(sentence(starts_inside, starts_before)) == (3, 1, 2, 2, 1, 3, 3)
+    assert counts(sentence(starts_before, starts_inside)) == (3, 1, 2, 2, 1, 3, 3)
+
+
+def test_labels_are_cut_at_an_equals_sign_as_at_a_hyphen() -> None:
+    """evalb.c's `modify_label` ends a label at '=' (a gapping index) too."""
+    gold = "(TOP (S (NP=2 (NN a)) (VP-TPC=1 (VB b))))"
+    assert counts(sentence(gold, "(TOP (S (NP (NN a)) (VP (VB b))))")) == (2, 3, 3, 3, 0, 2, 2)
+
+
+def test_the_summary_counts_sentences_with_two_crossings_or_fewer() -> None:
+    """EVALB's "2 or less crossing" takes a sentence of exactly two; three is more."""
+    gold = "(TOP (S (A (NN a) (NN b)) (B (NN c) (NN d)) (C (NN e) (NN f)) (D (NN g) (NN h))))"
+    two = "(TOP (S (NN a) (X (NN b) (NN c)) (Y (NN d) (NN e)) (NN f) (NN g) (NN h)))"
+    three = "(TOP (S (NN a) (X (NN b) (NN c)) (Y (NN d) (NN e)) (Z (NN f) (NN g)) (NN h)))"
+    assert sentence(gold, two).crossing == 2 and sentence(gold, three).crossing == 3
+    summary = evalb([(tree(gold), tree(two)), (tree(gold), tree(three))]).all
+    assert (summary.no_crossing, summary.two_or_less_crossing) == (0.0, 50.0)
+    assert summary.average_crossing == 2.5
+
+
 def test_other_words_are_an_error_and_no_words_a_skip_both_left_out() -> None:
     wrong = sentence(DOG, "(TOP (S (NP (DT The) (NN cat)) (VP (VBZ barks)) (. .)))")
     assert wrong.status == "error" and wrong.error == "words unmatch (dog|cat)"

@@ -89,10 +89,6 @@ def test_core_is_the_model_and_imports_no_layer_above_it() -> None:
         assert not [d for d in _imports(path, modules) if d.startswith(above)], name
         assert "cpp_extension" not in path.read_text(), name
     assert not list((PACKAGE / "core").rglob("*.cpp")) and not list((PACKAGE / "core").rglob("*.h"))
-    lines = sum(len(p.read_text().splitlines()) for p in core.values())
-    # The rule: core may grow by a tenth over a reviewed size (3,600 lines) before it is
-    # split or trimmed; the limit is not the current size.
-    assert lines <= 3960, f"core has grown to {lines} lines; split or trim it"
 
 
 def test_the_backend_imports_no_engine_and_engines_never_call_the_cli() -> None:
@@ -123,13 +119,21 @@ def test_one_class_is_named_translator() -> None:
     assert len(homes) == 1, homes
 
 
-def test_the_model_and_search_read_top_to_bottom() -> None:
-    """The rule: the paper's model and its search each stay a file one reads through
-    (400 lines); what grows moves into a module of its own (embedding, attention, the
-    beam's bookkeeping, parameter counts)."""
-    for name in ("transformer.py", "search.py"):
-        lines = len((PACKAGE / "core" / name).read_text().splitlines())
-        assert lines <= 400, f"core/{name} has {lines} lines"
+# The rule for core's size: each module stays a file one reads through against the paper,
+# at most MODULE_LINES lines; one that grows past it is split (as the embeddings, attention,
+# the beam's bookkeeping and the parameter counts were), whatever the others' sizes. The cap
+# is the rule, not a module's current size: the largest held about 400 lines when it was set.
+MODULE_LINES = 450
+
+
+def test_every_core_module_reads_top_to_bottom() -> None:
+    over = {
+        name: lines
+        for name, path in _modules().items()
+        if name.startswith("nmt_cli.core")
+        and (lines := len(path.read_text().splitlines())) > MODULE_LINES
+    }
+    assert over == {}, f"split these core modules (at most {MODULE_LINES} lines each): {over}"
 
 
 def test_core_chooses_no_kernel() -> None:

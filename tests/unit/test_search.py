@@ -161,6 +161,10 @@ def test_stopping_bound_uses_the_largest_reachable_length_penalty() -> None:
     assert [h.score for h in hyps] == pytest.approx(
         [math.log(0.2) / (11 / 6) ** 2, math.log(0.45) / (7 / 6) ** 2]
     )
+    # With one hypothesis asked for, [b] alone is finished after step 1: only the bound
+    # keeps the search going (with two asked for, the second's -inf does too).
+    [best] = beam_search(ScriptedModel(LONG), SRC, beam_size=2, length_penalty=2.0)[0]
+    assert best.tokens == [A, A, A, A, A]
     # Without the penalty the short hypothesis wins and search stops at once.
     [short] = beam_search(ScriptedModel(LONG), SRC, beam_size=2, length_penalty=0.0)[0]
     assert short.tokens == [B]

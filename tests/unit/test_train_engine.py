@@ -360,32 +360,39 @@ def test_without_the_compiled_module_training_keeps_pytorchs_kernels_and_says_so
 def test_training_on_a_cpu_takes_its_kernels_from_the_compiled_module(
     kernel: Any, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """With the module built, the plan a CPU run trains with, as `nmt train --verbose`
+    shows it and train.log always records it, takes attention, the dropout masks and the
+    loss's sweep from the module (the blocks of a window stay PyTorch's), and no notice
+    says PyTorch's operations stand in. And the model is built from that plan: its first
+    update's loss is not the one PyTorch's masks give on the same batch and weights."""
     from nmt_cli.backends.cpu import training as cpu_kernels
+    from nmt_cli.backends.cpu.build import CompileError
 
-    used: list[str] = []
-
-    def counted(make: Any, name: str) -> Any:
-        def wrap(module: Any) -> Any:
-            inner = make(module)
-
-            def call(*args: Any) -> Any:
-                used.append(name)
-                return inner(*args)
-
-            return call
-
-        return wrap
-
-    for make, name in (
-        (cpu_kernels.compiled_keep_mask, "mask"),
-        (cpu_kernels.compiled_loss_sweep, "loss"),
-        (cpu_kernels.compiled_attention, "attention"),
-    ):
-        monkeypatch.setattr(cpu_kernels, make.__name__, counted(make, name))
     events: list[TrainEvent] = []
     result = train(tiny_recipe(data, tmp_path / "run"), on_event=events.append)
-    assert result.steps == 6 and {"mask", "loss", "attention"} <= set(used)
-    assert not any("PyTorch's operations" in e.text for e in events if isinstance(e, Notice))
+    assert result.steps == 6
+    first = next(e for e in events if isinstance(e, StepDone)).loss
+
+    def no_compiler(on_compile: Any = None) -> Any:
+        raise CompileError("no C++ compiler (c++) on PATH")
+
+    monkeypatch.setattr(cpu_kernels, "prepare_kernel", no_compiler)
+    reference: list[TrainEvent] = []
+    train(tiny_recipe(data, tmp_path / "reference", max_steps=1), on_event=reference.append)
+    other = next(e for e in reference if isinstance(e, StepDone)).loss
+    assert other != first and abs(other - first) < 0.5  # dropout's noise, no more
+    notices = [e for e in events if isinstance(e, Notice)]
+    plan = [e.text for e in notices if e.text.startswith("plan: ")]
+    assert plan == [
+        "plan: attention: the module's kernel (padding masks; the reference for others)",
+        "plan: blocks: PyTorch's fused kernels",
+        "plan: keep_mask: the module's counter-based generator",
+        "plan: loss_sweep: the module's sweep",
+    ]
+    assert all(e.detail for e in notices if e.text in plan)  # --verbose's
+    logged = (tmp_path / "run" / "train.log").read_text().splitlines()
+    assert [line.split("  ", 1)[1] for line in logged if "  plan: " in line] == plan
+    assert not any("PyTorch's operations" in e.text for e in notices)
 
 
 def test_tensorboard_missing_is_a_notice_only_when_asked_for(
