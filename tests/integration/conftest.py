@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from translation_ckpt import ALIGN_POOL, ALIGN_UNSEEN, copy_checkpoint, tiny_vocab
+
+from tests.fixtures.translation_ckpt import ALIGN_POOL, ALIGN_UNSEEN, copy_checkpoint, tiny_vocab
 
 
 @pytest.fixture(scope="session")
