@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from translation_ckpt import ALIGN_UNSEEN, reverse_words
 from typer.testing import CliRunner
 from unix_helpers import one_error
 
@@ -22,6 +21,7 @@ from nmt_cli.engines.translate.alignment import (
     word_labels,
 )
 from nmt_cli.engines.translate.translator import Translator
+from tests.fixtures.translation_ckpt import ALIGN_UNSEEN, reverse_words
 
 runner = CliRunner()
 UNSEEN = ALIGN_UNSEEN  # not in ALIGN_POOL's order; the model generalises

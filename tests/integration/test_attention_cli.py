@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from translation_ckpt import random_checkpoint, tiny_vocab
 from typer.testing import CliRunner
 from unix_helpers import error_line, no_escape, one_error
 
@@ -22,6 +21,7 @@ from nmt_cli.config import DecodeConfig
 from nmt_cli.engines.translate.alignment import MERGE_NOTE
 from nmt_cli.engines.translate.attention import record_attention
 from nmt_cli.engines.translate.translator import Translator
+from tests.fixtures.translation_ckpt import RandomCheckpoints
 
 runner = CliRunner()
 SENTENCE = "the big red dog sat"
@@ -29,12 +29,11 @@ REVERSED = "sat dog red big the"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def untrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def untrained(random_ckpt_of: RandomCheckpoints) -> Path:
     """A model of the reverser's shape (1 layer a stack, 2 heads) with random weights: all
     that the errors and the page without pictures need, without the reverser's training."""
-    path = tmp_path_factory.mktemp("untrained") / "model.pt"
-    return random_checkpoint(path, tiny_vocab(), d_model=64)
+    return random_ckpt_of(d_model=64)
 
 
 def draw(model: Path, out: Path, *args: str) -> tuple[int, list[Path], str]:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from translation_ckpt import random_checkpoint, sentences, tiny_vocab
 from typer.testing import CliRunner
 from unix_helpers import one_error
 
@@ -14,6 +13,7 @@ from nmt_cli.cli import app
 from nmt_cli.core.checkpoint import load_checkpoint, save_checkpoint
 from nmt_cli.core.vocab import VocabPair, train_sentencepiece
 from nmt_cli.engines.average import average_checkpoints, select_last
+from tests.fixtures.translation_ckpt import random_checkpoint, sentences, tiny_vocab
 
 runner = CliRunner()
 

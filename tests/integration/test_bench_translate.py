@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from translation_ckpt import random_checkpoint, sentences, tiny_vocab
+
+from tests.fixtures.translation_ckpt import random_checkpoint, sentences, tiny_vocab
 
 pytest.importorskip("ctranslate2")
 pytest.importorskip("sacrebleu")

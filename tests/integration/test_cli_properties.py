@@ -27,12 +27,12 @@ import sentencepiece as spm
 import torch
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from translation_ckpt import random_checkpoint, tiny_vocab
 from typer.testing import Result
 from unix_helpers import error_line, nmt, no_escape, snapshot, write_lines
 
 from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.engines.train.run_dir import RunDir
+from tests.fixtures.translation_ckpt import random_checkpoint, tiny_vocab
 
 SETTINGS = settings(
     max_examples=25,

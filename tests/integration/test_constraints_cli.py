@@ -9,13 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
-from translation_ckpt import COPY_POOL
 from typer.testing import CliRunner
 from unix_helpers import no_escape, one_error
 
 from nmt_cli.cli import app
 from nmt_cli.engines.translate.translator import Translator
 from nmt_cli.errors import NmtError
+from tests.fixtures.translation_ckpt import COPY_POOL
 
 runner = CliRunner()
 LINES = COPY_POOL[:6]

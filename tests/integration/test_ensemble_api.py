@@ -10,13 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from translation_ckpt import (
-    COPY_POOL,
-    random_checkpoint,
-    sentences,
-    separate_vocab,
-    tiny_vocab,
-)
 from typer.testing import CliRunner
 from unix_helpers import one_error
 
@@ -28,6 +21,13 @@ from nmt_cli.core.search import Hypothesis, beam_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.errors import NmtError
+from tests.fixtures.translation_ckpt import (
+    COPY_POOL,
+    random_checkpoint,
+    sentences,
+    separate_vocab,
+    tiny_vocab,
+)
 
 runner = CliRunner()
 

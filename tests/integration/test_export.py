@@ -15,13 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from translation_ckpt import (
-    COPY_POOL,
-    copy_checkpoint,
-    sentences,
-    separate_vocab,
-    tiny_vocab,
-)
 from typer.testing import CliRunner
 from unix_helpers import no_escape, sole_error
 
@@ -31,6 +24,13 @@ from nmt_cli.core.search import greedy_search
 from nmt_cli.core.transformer import Transformer, sinusoidal_positions
 from nmt_cli.core.vocab import EOS_ID, PAD_ID
 from nmt_cli.engines.export.huggingface import marian_permutation
+from tests.fixtures.translation_ckpt import (
+    COPY_POOL,
+    copy_checkpoint,
+    sentences,
+    separate_vocab,
+    tiny_vocab,
+)
 
 pytestmark = pytest.mark.slow  # exports, then decodes in CTranslate2 and transformers
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from translation_ckpt import sentences
 from typer.testing import CliRunner
 from unix_helpers import no_escape
 
@@ -21,6 +20,7 @@ from nmt_cli.core.checkpoint import load_checkpoint
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.data_dir import open_data_dir
 from nmt_cli.engines.train.validate import DevSet, dev_loss
+from tests.fixtures.translation_ckpt import sentences
 
 pytest.importorskip("transformers")
 runner = CliRunner()

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import torch
-from translation_ckpt import separate_vocab, tiny_config, tiny_vocab
 from typer.testing import CliRunner
 from unix_helpers import no_escape
 
@@ -31,6 +30,7 @@ from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID
 from nmt_cli.engines.export.run import ExportConfig, export_model
 from nmt_cli.engines.importing.run import ImportConfig, import_model
+from tests.fixtures.translation_ckpt import separate_vocab, tiny_config, tiny_vocab
 
 transformers = pytest.importorskip("transformers")
 runner = CliRunner()

@@ -14,7 +14,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from translation_ckpt import random_checkpoint, sentences, tiny_vocab
 from unix_helpers import nmt, no_escape, one_error
 
 from nmt_cli.config import TrainConfig
@@ -22,6 +21,7 @@ from nmt_cli.engines.train.events import Notice, TrainEvent
 from nmt_cli.engines.train.report import Reporter
 from nmt_cli.engines.train.run_dir import RunDir
 from nmt_cli.optional import PACKAGES
+from tests.fixtures.translation_ckpt import RandomCheckpoints, sentences
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,11 +34,10 @@ def hide(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
         monkeypatch.setitem(sys.modules, name, None)
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def model(random_ckpt_of: RandomCheckpoints) -> Path:
     """Random weights, short outputs (its positions end translations early)."""
-    path = tmp_path_factory.mktemp("optional") / "model.pt"
-    return random_checkpoint(path, tiny_vocab(), max_positions=12)
+    return random_ckpt_of(max_positions=12)
 
 
 def text_corpus(root: Path, pairs: int = 60) -> Path:

@@ -5,21 +5,18 @@ the compiled (post-norm) step is available, with one notice saying why."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import torch
 from test_train_cli import write_recipe
-from translation_ckpt import COPY_POOL, tiny_config, tiny_vocab
 from typer.testing import CliRunner
 from unix_helpers import no_escape
 
 from nmt_cli.cli import app
 from nmt_cli.core.checkpoint import Checkpoint, load_checkpoint, model_state, save_checkpoint
 from nmt_cli.core.transformer import Transformer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from train_data import make_data_dir
+from tests.fixtures.train_data import make_data_dir
+from tests.fixtures.translation_ckpt import COPY_POOL, tiny_config, tiny_vocab
 
 runner = CliRunner()
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from serve_process import JSON, Reply, ServeProcess
-from translation_ckpt import sentences
 from unix_helpers import nmt, no_escape
+
+from tests.fixtures.translation_ckpt import sentences
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")

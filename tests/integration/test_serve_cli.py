@@ -11,17 +11,15 @@ from pathlib import Path
 import pytest
 from test_help import help_text, option_entries
 from test_optional_deps import hide
-from translation_ckpt import random_checkpoint, tiny_vocab
 from unix_helpers import nmt, one_error
 
 from nmt_cli.core.checkpoint import load_checkpoint, save_checkpoint
+from tests.fixtures.translation_ckpt import RandomCheckpoints
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return random_checkpoint(
-        tmp_path_factory.mktemp("cli") / "m.pt", tiny_vocab(), max_positions=12
-    )
+@pytest.fixture
+def model(random_ckpt_of: RandomCheckpoints) -> Path:
+    return random_ckpt_of(max_positions=12)
 
 
 def test_help_fits_80_columns_and_shares_translates_options() -> None:

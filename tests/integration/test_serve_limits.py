@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from serve_process import JSON, Reply, ServeProcess
-from translation_ckpt import random_checkpoint, tiny_vocab
+
+from tests.fixtures.translation_ckpt import random_checkpoint, tiny_vocab
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")

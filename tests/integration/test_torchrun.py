@@ -13,18 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from train_data import make_data_dir, tiny_recipe
-
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.train import train
+from nmt_cli.engines.train import TrainResult
 
 pytestmark = pytest.mark.slow  # trains under torchrun, on two nodes
 
 ENTRY = Path(__file__).with_name("torchrun_train.py")
-# 240 real tokens an update, at most 200 padded tokens a pass: 2 nodes x 1 pass, or one
-# process x 2 accumulated passes over the same batches.
-SETTINGS = {"max_steps": 4, "save_interval_steps": 0, "max_tokens": 200}
 
 
 def _recipe(path: Path, data: Path, run: Path) -> Path:
@@ -64,11 +58,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_two_torchrun_nodes_end_with_the_weights_of_one_process(tmp_path: Path) -> None:
+def test_two_torchrun_nodes_end_with_the_weights_of_one_process(
+    data: Path, accumulating_run: TrainResult, tmp_path: Path
+) -> None:
     """Both ranks end with identical weights (exactly: DDP gives every rank the same
     averaged gradient), equal to one process accumulating the same two passes an update
-    within rtol 1e-5, atol 1e-6 (the sum of gradients runs in another order)."""
-    data = make_data_dir(tmp_path / "data")
+    (ACCUMULATING's settings, which the recipe below writes out) within rtol 1e-5, atol
+    1e-6 (the sum of gradients runs in another order)."""
     recipe = _recipe(tmp_path / "tiny.toml", data, tmp_path / "two")
     weights = tmp_path / "weights"
     weights.mkdir()
@@ -106,8 +102,7 @@ def test_two_torchrun_nodes_end_with_the_weights_of_one_process(tmp_path: Path) 
     assert two.step == 4 and two.train_state is not None
     assert (two.train_state["split"]["world"], two.train_state["split"]["accum"]) == (2, 1)
 
-    one = train(tiny_recipe(data, tmp_path / "one", **SETTINGS))
-    single = load_checkpoint(one.run_dir / "checkpoints/last.pt")
+    single = load_checkpoint(accumulating_run.run_dir / "checkpoints/last.pt")
     assert single.train_state is not None
     assert (single.train_state["split"]["world"], single.train_state["split"]["accum"]) == (1, 2)
     assert ranks[0].keys() == ranks[1].keys() == single.model.keys()

@@ -12,13 +12,11 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from unix_helpers import one_error
 
 from nmt_cli.cli import app
 from nmt_cli.core.checkpoint import load_checkpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from train_data import make_data_dir
-from unix_helpers import one_error
+from tests.fixtures.train_data import make_data_dir
 
 runner = CliRunner()
 
@@ -168,7 +166,7 @@ def test_sigkill_then_rerun_resumes_from_the_last_checkpoint(tmp_path: Path) -> 
 def test_separate_vocabularies_of_equal_size_train_separate_embeddings(tmp_path: Path) -> None:
     """Section 3.4's three-way tie needs one vocabulary: with two SentencePiece models of
     the same size the source embedding must still be its own matrix."""
-    from train_data import pairs
+    from tests.fixtures.train_data import pairs
 
     for split, n, seed in (("train", 200, 1), ("valid", 12, 2)):
         items = pairs(n, seed)

@@ -24,12 +24,10 @@ from pathlib import Path
 
 import pytest
 from test_train_cli import write_recipe
+from unix_helpers import error_line
 
 from nmt_cli.core.checkpoint import load_checkpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from train_data import make_data_dir
-from unix_helpers import error_line
+from tests.fixtures.train_data import make_data_dir
 
 pytestmark = [
     pytest.mark.slow,  # every test starts `nmt train` in a process of its own

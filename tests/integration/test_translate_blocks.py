@@ -10,13 +10,13 @@ import json
 from pathlib import Path
 
 import pytest
-from translation_ckpt import COPY_POOL
 from unix_helpers import nmt, one_error
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import CheckpointError
 from nmt_cli.engines.translate.block_worker import BlockTranslator, WorkerSpec
 from nmt_cli.engines.translate.stream import translate_file
+from tests.fixtures.translation_ckpt import COPY_POOL
 
 LINES = [COPY_POOL[(3 * i) % len(COPY_POOL)] if i % 7 else "" for i in range(20)]
 

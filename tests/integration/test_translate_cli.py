@@ -15,12 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from translation_ckpt import (
-    COPY_POOL,
-    random_checkpoint,
-    sentences,
-    tiny_vocab,
-)
 from typer.testing import CliRunner
 from unix_helpers import error_line, no_escape
 
@@ -33,6 +27,11 @@ from nmt_cli.engines.translate.loading import set_threads
 from nmt_cli.engines.translate.translator import Translator, length_batches, translate_lines
 from nmt_cli.engines.translate.workers import forks
 from nmt_cli.errors import NmtError
+from tests.fixtures.translation_ckpt import (
+    COPY_POOL,
+    RandomCheckpoints,
+    sentences,
+)
 
 runner = CliRunner()
 
@@ -42,9 +41,9 @@ def copier(copy_model: Path) -> Path:
     return copy_model
 
 
-@pytest.fixture(scope="module")
-def random_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return random_checkpoint(tmp_path_factory.mktemp("rand") / "rand.pt", tiny_vocab())
+@pytest.fixture
+def random_ckpt(random_ckpt_of: RandomCheckpoints) -> Path:
+    return random_ckpt_of()
 
 
 def run(args: list[str], stdin: bytes | str = b"") -> tuple[int, str, str]:

@@ -18,8 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from translation_ckpt import COPY_POOL
 from unix_helpers import nmt, no_escape, one_error
+
+from tests.fixtures.translation_ckpt import COPY_POOL
 
 pytest.importorskip("ray.data")
 from ray.cluster_utils import Cluster

@@ -22,14 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from translation_ckpt import random_checkpoint, tiny_vocab
 from unix_helpers import corpus_pairs, nmt, one_error, snapshot, write_lines
 
 from nmt_cli.config import ConfigError, DataConfig, DecodeConfig, TrainConfig, load_recipe
 from nmt_cli.core.model_config import ModelConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from train_data import make_data_dir
+from tests.fixtures.train_data import make_data_dir
+from tests.fixtures.translation_ckpt import RandomCheckpoints, random_checkpoint, tiny_vocab
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 LINES = ["the cat sat", "a dog ran", "", "the red house"]
@@ -37,9 +35,9 @@ STDIO = ["-i", "/dev/stdin", "-o", "/dev/stdout"]
 FAST = ["--beam", "1", "--max-len-b", "3", "-q"]
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return random_checkpoint(tmp_path_factory.mktemp("ckpt") / "model.pt", tiny_vocab())
+@pytest.fixture
+def ckpt(random_ckpt_of: RandomCheckpoints) -> Path:
+    return random_ckpt_of()
 
 
 @pytest.fixture

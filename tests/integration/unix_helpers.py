@@ -4,7 +4,6 @@ a snapshot of a directory tree to prove that nothing outside the output changed.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import traceback
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from typer.testing import CliRunner, Result
 
 from nmt_cli.cli import app
 from nmt_cli.engines.prepare.demo_corpus import generate_pair
+from tests.fixtures.files import snapshot as snapshot  # the tests import it from here too
 
 runner = CliRunner()
 
@@ -54,22 +54,6 @@ def one_error(result: Result, code: int, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in line, (fragment, line)
     return line
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """{relative path: kind and content digest} of every entry under `root`."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = f"link:{path.readlink()}"
-        elif path.is_file():
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-        elif path.is_dir():
-            out[rel] = "dir"
-        else:
-            out[rel] = "special"
-    return out
 
 
 def corpus_pairs(n: int, offset: int = 0) -> list[tuple[str, str]]:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
+import torch
 from reverser import train_reverser
 
 from nmt_cli.backends.cpu.build import CompileError, load_kernel
@@ -14,9 +15,15 @@ from nmt_cli.cpu_level import LEVELS, cpu_level
 
 
 @pytest.fixture(scope="session")
-def reverser() -> Transformer:
-    """Trained once for every test that decodes it."""
-    return train_reverser()
+def reverser() -> Iterator[Transformer]:
+    """Trained once for every test that decodes it. Tests leave it as they found it, in
+    eval mode with its weights unchanged, which the session's end checks."""
+    model = train_reverser()
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    yield model
+    assert not model.training, "a test left the shared reverser in training mode"
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, weights[k])]
+    assert not changed, f"a test changed the shared reverser's {changed}"
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from train_data import batch_of, write_store
 
 from nmt_cli.core.batching import collate, length_grouped_batches, pad_sources, plan_epoch
 from nmt_cli.core.data import TokenStore
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
+from tests.fixtures.train_data import batch_of, write_store
 
 
 @pytest.fixture

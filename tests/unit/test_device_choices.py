@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-from train_data import batch_of, make_data_dir, tiny_recipe, with_model
 
 from nmt_cli.config import ConfigError, RecipeConfig, TrainConfig, load_recipe, recipe_from_dict
 from nmt_cli.core.batching import Batch
@@ -36,6 +35,7 @@ from nmt_cli.engines.train.device_choices import announcement, choose
 from nmt_cli.engines.train.events import Notice, StepDone, TrainEvent
 from nmt_cli.engines.train.report import one_line
 from nmt_cli.engines.train.step import Updater
+from tests.fixtures.train_data import batch_of, tiny_recipe, with_model
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 TINY = ModelConfig(
@@ -56,11 +56,6 @@ FORCED = {
     "prefetch": True,
     "attention_backend": "math",
 }
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module", autouse=True)

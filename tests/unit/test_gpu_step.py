@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
-from train_data import make_data_dir
 
 from nmt_cli.backends import pytorch as pytorch_backend
 from nmt_cli.backends.machine import machine_plan
@@ -35,11 +34,6 @@ from nmt_cli.engines.train.feed import TrainFeed, derive_split
 from nmt_cli.engines.train.step import Updater
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 def _stores(n: int = 40, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_data import ddp_update_worker, make_data_dir, tiny_recipe
 
 from nmt_cli.core.checkpoint import load_checkpoint
-from nmt_cli.engines.train import TrainOptions, train
+from nmt_cli.engines.train import TrainOptions, TrainResult, train
 from nmt_cli.engines.train.distributed import LaunchSpec, launch
+from tests.fixtures.train_data import ACCUMULATING, ddp_update_worker, tiny_recipe
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks that train
 
@@ -27,15 +27,16 @@ def test_two_process_update_equals_one_process_with_twice_the_batch(
     assert max_diff < 1e-6
 
 
-def test_two_gloo_ranks_train_like_one_process_accumulating(tmp_path: Path) -> None:
+def test_two_gloo_ranks_train_like_one_process_accumulating(
+    data: Path, accumulating_run: TrainResult, tmp_path: Path
+) -> None:
     """The same recipe (240 real tokens an update, at most 200 padded tokens a pass) on 2
     processes x 1 pass and on 1 process x 2 accumulated passes: same batches, same
     dropout masks, same weights, and the same dev loss from two halves of the dev set."""
-    data = make_data_dir(tmp_path / "data")
-    recipe = {"max_steps": 4, "save_interval_steps": 0, "max_tokens": 200}
-    one = train(tiny_recipe(data, tmp_path / "one", **recipe))
+    one = accumulating_run
     two = train(
-        tiny_recipe(data, tmp_path / "two", **recipe), TrainOptions(procs=2, dist_timeout_s=60)
+        tiny_recipe(data, tmp_path / "two", **ACCUMULATING),
+        TrainOptions(procs=2, dist_timeout_s=60),
     )
     assert two.steps == one.steps == 4
     a = load_checkpoint(one.run_dir / "checkpoints/last.pt")

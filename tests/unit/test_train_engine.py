@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import sacrebleu
 import torch
-from train_data import make_data_dir, pairs, tiny_recipe, with_model
 
 from nmt_cli.config import RecipeConfig, TrainConfig
 from nmt_cli.core import objective as objective_module
@@ -37,11 +36,7 @@ from nmt_cli.engines.train.events import (
 from nmt_cli.engines.train.feed import derive_split
 from nmt_cli.engines.train.run_dir import RunDir, RunDirLocked
 from nmt_cli.errors import NmtError
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
+from tests.fixtures.train_data import make_data_dir, pairs, tiny_recipe, with_model
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:

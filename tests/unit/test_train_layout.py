@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_data import make_data_dir, tiny_recipe
 
 from nmt_cli.config import TrainConfig
 from nmt_cli.core.batching import collate
@@ -29,13 +28,9 @@ from nmt_cli.engines.train.layout import (
 )
 from nmt_cli.engines.train.plan import plan_training
 from nmt_cli.engines.train.run_dir import RunDir
+from tests.fixtures.train_data import tiny_recipe
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 def _never() -> float:

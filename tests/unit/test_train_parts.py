@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_data import make_data_dir, tiny_recipe, with_model
 
 from nmt_cli.config import TrainConfig
 from nmt_cli.core.checkpoint import load_checkpoint
@@ -34,12 +33,7 @@ from nmt_cli.engines.train.step import UpdateStats
 from nmt_cli.engines.train.stop import StopPolicy
 from nmt_cli.engines.train.validate import DevFigures
 from nmt_cli.errors import NmtError
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
-
+from tests.fixtures.train_data import tiny_recipe, with_model
 
 # -- stop policy ----------------------------------------------------------------------------
 

@@ -9,17 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from train_data import make_data_dir, tiny_recipe
 
 from nmt_cli.engines.pictures.tensorboard_images import heads_image
 from nmt_cli.engines.train import train
+from tests.fixtures.train_data import tiny_recipe
 
 pytest.importorskip("tensorboard")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 def test_heads_image_puts_heads_side_by_side_white_to_blue() -> None:

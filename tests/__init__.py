@@ -1,0 +1,1 @@
+"""The test suite: unit/ and integration/ tests, and fixtures/, what they build."""
