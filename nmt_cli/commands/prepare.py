@@ -89,7 +89,7 @@ def prepare_command(
         show_default=False,
     ),
     tree_leaves: str = typer.Option(
-        "xx", "--tree-leaves", help="A treebank's target leaves: xx (the paper's) or words."
+        "xx", "--tree-leaves", help="Tree leaves: xx (the paper's) or words."
     ),
     cache_dir: str = typer.Option("", "--cache-dir", help="Download cache for presets."),
     workers: int = typer.Option(0, "--workers", help="Encoding processes; 0: all CPUs."),
