@@ -71,7 +71,7 @@ def test_a_lowered_level_changes_every_answer_that_depends_on_it(
     assert training["attention"].startswith("the module's kernel")
     assert training["AVX-512 loops"] == "none (plain loops)"
     for precision in ("bf16", "int8"):
-        paths = data[f"decoding on the CPU in {precision}"]
+        paths = dict(data[f"decoding on the CPU in {precision}"])
         chosen = paths.pop("linear").split(" (not ")[0]  # what runs, then what did not
         assert "AVX-512" not in " ".join([chosen, *paths.values()]), paths
         assert paths["attention"] == "PyTorch's operations over core's cache"
