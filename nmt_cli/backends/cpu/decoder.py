@@ -228,7 +228,7 @@ def decoding_kernel(
     far the build has come, line by line; None: on stderr), or None and why not: not
     asked for (`compiled_step=False`), or it could not be built (`on_fallback` is told)."""
     if not compiled_step:
-        return None, "decoding in Python was asked for"
+        return None, "the compiled module is not in use (the Python step)"
     try:
         return prepare_kernel(on_compile), ""
     except CompileError as exc:
