@@ -1,18 +1,13 @@
-"""The linear layer as an operation: how the model makes its linear layers, and the
+"""The linear layer as an operation: what makes a model's linear layers, and the
 reference arithmetic of the decoder step's calls to them.
 
-`Operations.linear` (core/operations.py) makes every linear layer of a Transformer when
-it is built, from its input and output widths. The reference is `nn.Linear`: its
-parameters are the model's, trained and saved. A decoding backend may plan a decode-only
-`StepLinear` instead (e.g. nmt_cli/backends/cpu's packed bf16 and int8 layers), which
-holds its weight only in its kernel's form, made once as the checkpoint loads; the model
-is built with those layers and never changed afterwards.
-
-A decoder step calls twenty linear layers with a few rows each, and at one sentence a
-batch the calling costs about as much as the arithmetic. The step therefore calls them
-through the functions below, which skip `nn.Module.__call__`'s hook handling and let a
-`StepLinear` take the FFN's ReLU and the residual add into its own product. On an
-`nn.Linear` they are the reference: PyTorch's product, then the ReLU or the add.
+`Operations.linear` makes each linear layer when the model is built: `nn.Linear`, the
+reference, or a backend's decode-only `StepLinear` (nmt_cli/backends/cpu's packed bf16
+and int8 layers), which keeps its weight only in its kernel's form, made as the
+checkpoint loads. A decoder step calls twenty linear layers with a few rows each, where
+calling costs as much as the arithmetic: it calls them through the functions below,
+which skip `nn.Module.__call__` and let a `StepLinear` fuse the FFN's ReLU and the
+residual add into its product; on an `nn.Linear` they are the reference.
 """
 
 from __future__ import annotations

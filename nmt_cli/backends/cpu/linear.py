@@ -83,15 +83,17 @@ class DecodeLinear(StepLinear):
         error_msgs: list[str],
     ) -> None:
         """An `nn.Linear`'s entries (`weight`, `bias`) taken as the model loads, as
-        PyTorch's own quantized Linear takes them."""
+        PyTorch's own quantized Linear takes them; what is missing or of another shape
+        is reported as `load_state_dict` reports it."""
         names = [prefix + "weight", prefix + "bias"]
-        missing_keys += [name for name in names if name not in state_dict]
-        if any(name not in state_dict for name in names):
+        missing = [name for name in names if name not in state_dict]
+        if missing:
+            missing_keys += missing
             return
-        weight, bias = state_dict[names[0]], state_dict[names[1]]
-        if weight.shape != (self.out_features, self.in_features):
-            error_msgs.append(f"{names[0]}: {tuple(weight.shape)} for a layer of this shape: "
-                              f"{(self.out_features, self.in_features)}")  # fmt: skip
+        weight, bias = (state_dict[name] for name in names)
+        shape = (self.out_features, self.in_features)
+        if weight.shape != shape:
+            error_msgs.append(f"{names[0]}: {tuple(weight.shape)} for a layer of {shape}")
             return
         self.load(weight, bias)
 
