@@ -28,16 +28,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from nmt_cli.backends.cpu.decoder import cpu_decoders
 from nmt_cli.core import search
+from nmt_cli.core.checkpoint import build_transformer
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.cpu_level import cpu_level
+from nmt_cli.engines.models import decoding_models
 from nmt_cli.engines.translate.forced import ForcedIds, PhraseState
 from nmt_cli.trees.constraint import TreeVocabulary
 
@@ -113,7 +115,9 @@ def main() -> None:
         encoder_layers=2, decoder_layers=2, d_model=128, d_ff=512, n_heads=4, dropout=0.0,
         src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, max_positions=1024,
     )  # fmt: skip
-    [model] = cpu_decoders([Transformer(cfg).eval()], "fp32", compiled_step=True)
+    weights = Transformer(cfg).state_dict()
+    cpu = torch.device("cpu")
+    [model], _ = decoding_models([partial(build_transformer, cfg, weights)], cpu, "fp32", True)
     gen = torch.Generator().manual_seed(1)
     lengths = torch.randint(8, 40, (args.sentences,), generator=gen).tolist()
     src = torch.zeros(args.sentences, max(lengths) + 1, dtype=torch.long)

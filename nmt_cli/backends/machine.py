@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from nmt_cli.backends import pytorch
-from nmt_cli.backends.cpu import training
+from nmt_cli.backends.cpu import linear, training
 from nmt_cli.backends.plan import Plan, Target, plan
 
 
 def machine_plan(target: Target) -> Plan:
     """The plan over every backend, most specific first: the CPU backend's compiled
-    kernels, then PyTorch's fused kernels, then core's references."""
-    return plan(target, [*training.implementations(), *pytorch.implementations()])
+    kernels and decoding layers, then PyTorch's fused kernels, then core's references."""
+    cpu = [*training.implementations(), *linear.implementations()]
+    return plan(target, [*cpu, *pytorch.implementations()])

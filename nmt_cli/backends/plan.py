@@ -2,11 +2,12 @@
 
 Every hot operation has its reference in core (core/operations.py). A backend declares
 what it implements faster as `Implementation`s, each saying for which targets it runs
-(device, training or decoding, the compiled module being there) and, where it does not,
-why. `plan` takes, for each operation, the first implementation in order of preference
-that runs the target, or the reference, and records the reasons of those passed over:
-the `Plan` holds the model's `Operations` (handed to the Transformer when it is built:
-nothing is set on its modules later) and its description (`--verbose`, `nmt env`).
+(device, training or decoding, the decoding precision, the compiled module being there)
+and, where it does not, why. `plan` takes, for each operation, the first implementation
+in order of preference that runs the target, or the reference, and records the reasons
+of those passed over: the `Plan` holds the model's `Operations` (handed to the
+Transformer when it is built: nothing is set on its modules later) and its description
+(`--verbose`, `nmt env`).
 
 The same idea as PyTorch's SDPA dispatcher (each kernel checks whether it can run the
 call, in a fixed order, math last) and vLLM's `CustomOp` (a native forward, one per
@@ -37,6 +38,7 @@ class Target:
     attention_backend: AttentionBackend = "auto"  # the recipe's GPU kernel policy
     kernel: ModuleType | None = None  # the CPU backend's compiled module, when loaded
     no_kernel: str = "the compiled module is not loaded"  # why not, when it is not
+    precision: str | None = None  # what decoding runs in (DecodePrecision); None: training
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Implementation:
     make: Callable[[Target], Any]
     device: str | None = None  # the only device type it is for (None: any)
     training: bool | None = None  # for training only, decoding only (None: both)
+    precision: str | None = None  # the only decoding precision it is for (None: any)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ class Choice:
     operation: str
     name: str
     passed_over: tuple[str, ...] = ()  # "<implementation>: <why not>", faster ones first
+
+    def describe(self) -> str:
+        """What runs the operation, and why nothing faster does."""
+        why = f" (not {'; not '.join(self.passed_over)})" if self.passed_over else ""
+        return f"{self.name}{why}"
 
 
 @dataclass(frozen=True)
@@ -66,11 +74,11 @@ class Plan:
 
     def describe(self) -> list[str]:
         """One line per operation: what runs it, and why nothing faster does."""
-        lines = []
-        for choice in self.choices:
-            why = f" (not {'; not '.join(choice.passed_over)})" if choice.passed_over else ""
-            lines.append(f"{choice.operation}: {choice.name}{why}")
-        return lines
+        return [f"{choice.operation}: {choice.describe()}" for choice in self.choices]
+
+    def choice(self, operation: str) -> Choice:
+        """The choice made for `operation` (a field of `Operations`)."""
+        return next(choice for choice in self.choices if choice.operation == operation)
 
 
 REFERENCE_NAME = "core's reference (PyTorch operations)"
@@ -102,4 +110,5 @@ def _for(implementation: Implementation, operation: str, target: Target) -> bool
         implementation.operation == operation
         and implementation.device in (None, target.device.type)
         and implementation.training in (None, target.training)
+        and implementation.precision in (None, target.precision)
     )

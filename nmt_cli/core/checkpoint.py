@@ -68,11 +68,8 @@ class Checkpoint:
     origin: dict[str, Any] | None = None
 
     def build_model(self, operations: Operations = REFERENCE) -> Transformer:
-        """The Transformer with these weights, in eval mode on the CPU, its operations
-        as planned (by default the references)."""
-        model = Transformer(self.model_config, operations)
-        model.load_state_dict(self.model)
-        return model.eval()
+        """The Transformer with these weights (`build_transformer`)."""
+        return build_transformer(self.model_config, self.model, operations)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +96,17 @@ def format_version(cfg: ModelConfig, vocab: VocabPair) -> int:
     newer = any(getattr(cfg, name) != old for name, old in _SINCE_VERSION_2.items())
     texts = {vocab.src.kind, vocab.tgt.kind} != {"sentencepiece"}
     return 2 if newer or texts else 1
+
+
+def build_transformer(
+    cfg: ModelConfig, weights: dict[str, Tensor], operations: Operations = REFERENCE
+) -> Transformer:
+    """The Transformer with `weights`, in eval mode on the CPU, its operations as planned
+    (by default the references; a planned linear layer keeps its weight in its own form,
+    made as it loads)."""
+    model = Transformer(cfg, operations)
+    model.load_state_dict(weights)
+    return model.eval()
 
 
 def model_state(model: torch.nn.Module) -> dict[str, Tensor]:

@@ -9,7 +9,9 @@ implementations into one `Operations` for a model, on its device and in its prec
 before the model is built. The model holds that object from its construction; nothing
 is set on its modules afterwards.
 
-The decoding step's own operations (the linear layers with their fused epilogues, the
+The linear layers are an operation too, one with weights: `linear` makes each of them
+when the model is built (core/step_linear.py), so a planned implementation holds the
+weights in its own form from the start. The decoding step's other operations (the
 cache's attention, the beam's advance) belong to the object search decodes, a
 `core.search.Searchable`, which a backend may provide whole.
 """
@@ -18,9 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+
 from nmt_cli.core.attention import Attention, attention, fused_attention
 from nmt_cli.core.dropout import KeepMask, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
+from nmt_cli.core.step_linear import LinearLayer
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class Operations:
     keep_mask: KeepMask | None = scaled_keep_mask
     # The smoothed loss's sweep over the logits (core/losses.py).
     loss_sweep: LossSweep = smoothed_loss_sweep
+    # The linear layers, with their fused ReLU and residual add (core/step_linear.py).
+    linear: LinearLayer = nn.Linear
 
 
 REFERENCE = Operations()

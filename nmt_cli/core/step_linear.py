@@ -1,20 +1,25 @@
-"""The decoder step's linear layers: a plain `nn.Linear`, or a decode-only stand-in.
+"""The linear layer as an operation: what makes a model's linear layers, and the
+reference arithmetic of the decoder step's calls to them.
 
-A decoder step calls twenty linear layers with a few rows each, and at one sentence a
-batch the calling costs about as much as the arithmetic. The step therefore calls them
-through these functions, which skip `nn.Module.__call__`'s hook handling, and lets a
-stand-in (a `StepLinear`, which a decoding backend swaps in for an `nn.Linear`, e.g.
-nmt_cli/backends/cpu's packed bf16 and int8 layers) take the FFN's ReLU and the residual
-add into its own product. The plain `nn.Linear` path is the reference arithmetic; the
-model never knows which layers it holds.
+`Operations.linear` makes each linear layer when the model is built: `nn.Linear`, the
+reference, or a backend's decode-only `StepLinear` (nmt_cli/backends/cpu's packed bf16
+and int8 layers), which keeps its weight only in its kernel's form, made as the
+checkpoint loads. A decoder step calls twenty linear layers with a few rows each, where
+calling costs as much as the arithmetic: it calls them through the functions below,
+which skip `nn.Module.__call__` and let a `StepLinear` fuse the FFN's ReLU and the
+residual add into its product; on an `nn.Linear` they are the reference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+LinearLayer = Callable[[int, int], nn.Module]
+"""Makes a linear layer from its (in_features, out_features): `nn.Linear`, or a backend's."""
 
 
 class StepLinear(nn.Module):

@@ -54,11 +54,11 @@ class MultiHeadAttention(nn.Module):
         self.self_attention = self_attention
         qk, v = self.h * self.d_k, self.h * self.d_v
         if self_attention:
-            self.qkv = nn.Linear(cfg.d_model, 2 * qk + v)
+            self.qkv = ops.linear(cfg.d_model, 2 * qk + v)
         else:
-            self.q = nn.Linear(cfg.d_model, qk)
-            self.kv = nn.Linear(cfg.d_model, qk + v)
-        self.out = nn.Linear(v, cfg.d_model)
+            self.q = ops.linear(cfg.d_model, qk)
+            self.kv = ops.linear(cfg.d_model, qk + v)
+        self.out = ops.linear(v, cfg.d_model)
         self.dropout_p = cfg.attention_dropout
         # Restricted self-attention (core/local_attention.py); cross-attention stays full.
         self.window = cfg.attention_window if self_attention else 0
@@ -145,8 +145,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig, ops: Operations) -> None:
         super().__init__()
-        self.w1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.w2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.w1 = ops.linear(cfg.d_model, cfg.d_ff)
+        self.w2 = ops.linear(cfg.d_ff, cfg.d_model)
         self.relu_dropout = Dropout(cfg.relu_dropout, ops.keep_mask)
         self.activation = cfg.activation
         self.act = ACTIVATION_FUNCTIONS[cfg.activation]

@@ -2,7 +2,7 @@
 
 Every answer is read from the code that decides it, never re-derived: the precision from
 `resolve_precision`, the CPU's level from nmt_cli/cpu_level.py, the decoding paths from
-`cpu_decoders` run on a tiny model in each precision, the training paths from the
+`decoding_models` run on a tiny model in each precision, the training paths from the
 planner (backends/plan.py) and the module's own report of which loops its kernels run.
 So the report cannot say one thing while `nmt translate` or `nmt train` does another.
 """
@@ -13,16 +13,19 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
+from typing import cast
 
 import torch
 
-from nmt_cli.backends.cpu import cpu_decoders
+from nmt_cli.backends.cpu import CpuDecoder
 from nmt_cli.backends.cpu.build import CompileError, build_directory, is_built, prepare_kernel
 from nmt_cli.backends.machine import machine_plan
 from nmt_cli.backends.plan import Target
+from nmt_cli.core.checkpoint import build_transformer
 from nmt_cli.core.model_config import ModelConfig
-from nmt_cli.core.precision import dtype_of, resolve_decode_precision
+from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.cpu_level import (
     ENV,
@@ -35,6 +38,7 @@ from nmt_cli.cpu_level import (
     has_bf16_units,
 )
 from nmt_cli.cpus import usable_cpus
+from nmt_cli.engines.models import decoding_models
 from nmt_cli.version import __version__
 
 
@@ -155,18 +159,27 @@ def _precision_section() -> Section:
 
 
 def _decoding_sections() -> list[Section]:
-    """`cpu_decoders`' choice for a tiny model in each precision, as it would decide for a
-    checkpoint of any size (the choice depends on the settings, not on the sizes)."""
+    """`decoding_models`' choice for a tiny model in each precision, as it would decide for
+    a checkpoint of any size (the choice depends on the settings, not on the sizes): the
+    planner's linear layers, then the CPU backend's step."""
     cfg = ModelConfig(
         encoder_layers=1, decoder_layers=1, d_model=32, d_ff=64, n_heads=2,
         src_vocab_size=32, tgt_vocab_size=32,
     )  # fmt: skip
+    torch.manual_seed(0)
+    weights = Transformer(cfg).state_dict()
     sections = []
     for precision in ("fp32", "bf16", "int8"):
-        torch.manual_seed(0)
-        model = Transformer(cfg).to(dtype=dtype_of(precision)).eval()
         notes: list[str] = []
-        decoder = cpu_decoders([model], precision, is_built(), on_fallback=notes.append)[0]
-        rows = list(decoder.paths().items()) + [("note", note) for note in notes]
+        [decoder], planned = decoding_models(
+            [partial(build_transformer, cfg, weights)],
+            torch.device("cpu"),
+            cast(DecodePrecision, precision),
+            is_built(),
+            on_fallback=notes.append,
+        )
+        rows = [("linear", planned.choice("linear").describe())]
+        rows += list(cast(CpuDecoder, decoder).paths().items())
+        rows += [("note", note) for note in notes]
         sections.append(Section(f"decoding on the CPU in {precision}", tuple(rows)))
     return sections

@@ -54,7 +54,7 @@ def test_the_report_names_the_versions_the_cpu_and_what_auto_picks(
         "training on the CPU",
     }
     fp32 = data["decoding on the CPU in fp32"]
-    assert fp32["linear layers"] == "PyTorch's (float32)"  # fp32 keeps PyTorch's products
+    assert fp32["linear"] == "core's reference (PyTorch operations)"  # PyTorch's products
     assert fp32["decoder step"] == "the module's (C++, one call)"
 
 
@@ -71,9 +71,13 @@ def test_a_lowered_level_changes_every_answer_that_depends_on_it(
     assert training["attention"].startswith("the module's kernel")
     assert training["AVX-512 loops"] == "none (plain loops)"
     for precision in ("bf16", "int8"):
-        paths = data[f"decoding on the CPU in {precision}"]
-        assert "AVX-512" not in " ".join(paths.values()), paths
+        paths = dict(data[f"decoding on the CPU in {precision}"])
+        chosen = paths.pop("linear").split(" (not ")[0]  # what runs, then what did not
+        assert "AVX-512" not in " ".join([chosen, *paths.values()]), paths
         assert paths["attention"] == "PyTorch's operations over core's cache"
+    int8 = data["decoding on the CPU in int8"]["linear"]
+    assert int8.startswith("PyTorch's quantized kernels"), int8
+    assert "not the module's AVX-512 VNNI kernel (a scale per row): it needs the CPU level" in int8
     if cpu_level.at_least("avx512"):  # and back up: the cap follows the setting
         native = report(monkeypatch, None)["training on the CPU"]
         assert native["AVX-512 loops"] == "attention_train, smoothed_loss"

@@ -206,7 +206,7 @@ def test_verbose_says_how_each_operation_runs(copier: Path) -> None:
     assert code == 0 and out.strip()
     plan = [line.removeprefix("plan: ") for line in err.splitlines() if line.startswith("plan: ")]
     assert "attention: PyTorch's fused kernels" in plan
-    assert "linear layers: PyTorch's (float32)" in plan
+    assert "linear: core's reference (PyTorch operations)" in plan  # fp32: PyTorch's own
     assert any(line.startswith("decoder step: ") for line in plan)
     _, _, quiet_err = run(["-m", str(copier), "--precision", "fp32"], "a b\n")
     assert "plan: " not in quiet_err

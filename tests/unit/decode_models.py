@@ -3,13 +3,21 @@ of the CPU decoding backend: its compiled step and the caches it decodes over.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from types import ModuleType
+from typing import cast
 
 import torch
 
-from nmt_cli.backends.cpu.decoder import CpuDecoder
-from nmt_cli.backends.cpu.linear import specialise_linears
+from nmt_cli.backends.cpu.decoder import CpuDecoder, output_projection
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
+from nmt_cli.core.checkpoint import build_transformer
+from nmt_cli.core.operations import REFERENCE, Operations
+from nmt_cli.core.precision import DecodePrecision, dtype_of
 from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.engines.models import decoding_models
 
 SETTINGS: dict[str, object] = dict(
     encoder_layers=1,
@@ -49,8 +57,30 @@ def wrap(
     compiled: bool = False,
     structural: bool = True,
 ) -> CpuDecoder:
-    if precision == "bf16":
-        model = model.to(torch.bfloat16)
-    kind = {"bf16": "packed-bf16", "int8": "int8"}.get(precision)
-    projection = specialise_linears(model, kind, kernel) if kind else None  # type: ignore[arg-type]
-    return CpuDecoder(model, projection, kernel, structural, compiled)
+    """`model`'s weights built with the linear layers the planner chooses for decoding in
+    `precision` on a CPU with `kernel` (None: without the compiled module), and wrapped;
+    its other operations stay core's references, as `model`'s, which is not changed."""
+    target = Target(torch.device("cpu"), False, kernel=kernel, precision=precision)
+    operations = replace(REFERENCE, linear=machine_plan(target).operations.linear)
+    built = build_transformer(model.cfg, model.state_dict(), operations)
+    built = built.to(dtype_of(cast(DecodePrecision, precision)))
+    projection = output_projection(built, operations.linear)
+    return CpuDecoder(built, projection, kernel, structural, compiled)
+
+
+def backend_decoder(
+    model: Transformer, precision: str, on_fallback: Callable[[str], None]
+) -> CpuDecoder:
+    """`model`'s weights decoded as `nmt translate` decodes a checkpoint's: the compiled
+    module (built if need be), the plan's linear layers and the backend's choices
+    (`decoding_models`); its other operations stay core's references, as in `wrap`."""
+
+    def build(operations: Operations) -> Transformer:
+        with_linears = replace(REFERENCE, linear=operations.linear)
+        return build_transformer(model.cfg, model.state_dict(), with_linears)
+
+    precision_ = cast(DecodePrecision, precision)
+    [decoder], _ = decoding_models(
+        [build], torch.device("cpu"), precision_, True, None, on_fallback
+    )
+    return cast(CpuDecoder, decoder)

@@ -11,9 +11,8 @@ from types import ModuleType
 import pytest
 import torch
 import torch.nn.functional as F
-from decode_models import random_model, wrap
+from decode_models import backend_decoder, random_model, wrap
 
-from nmt_cli.backends.cpu.decoder import cpu_decoders
 from nmt_cli.backends.cpu.support import unsupported
 from nmt_cli.config import ConfigError, recipe_from_dict
 from nmt_cli.core.model_config import ModelConfig
@@ -144,7 +143,7 @@ def test_a_silu_model_falls_back_with_one_notice_and_keeps_its_activation(
 ) -> None:
     model = random_model(activation="silu")
     told: list[str] = []
-    (decoder,) = cpu_decoders([copy.deepcopy(model)], "fp32", True, on_fallback=told.append)
+    decoder = backend_decoder(model, "fp32", told.append)
     assert told == ["the compiled step does not implement model.activation='silu'"]
     src = _sources()
     got = beam_search(decoder, src, 3, max_len_b=8)

@@ -18,7 +18,7 @@ from typing import cast
 
 import pytest
 import torch
-from decode_models import decode_model, random_model, wrap
+from decode_models import backend_decoder, decode_model, random_model, wrap
 from reverser import reverse_batch
 from torch import Tensor
 
@@ -90,7 +90,7 @@ def test_the_few_row_bf16_kernel_computes_the_fused_products(
     b = torch.randn(n, generator=g).bfloat16()
     x = torch.randn(rows, k, generator=g).bfloat16()
     r = torch.randn(rows, n, generator=g).bfloat16()
-    packed = PackedLinear(w, b, kernel)
+    packed = PackedLinear.of(w, b, kernel)
     exact = x.double() @ w.double().T + b.double()
     for got, want in (
         (packed(x), exact),
@@ -116,7 +116,7 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     g = torch.Generator().manual_seed(rows + n)
     w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
     x, r = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
-    layer = Int8Linear(w, b, kernel)
+    layer = Int8Linear.of(w, b, kernel)
     exact = x @ w.T + b
     y = layer(x)
     assert y.dtype == torch.float32 and y.shape == (rows, n)
@@ -160,7 +160,7 @@ def test_more_rows_than_the_kernel_takes_go_to_onednn(kernel: ModuleType) -> Non
     torch.manual_seed(0)
     w, b = torch.randn(40, 32).bfloat16(), torch.randn(40).bfloat16()
     x = torch.randn(129, 32).bfloat16()
-    with_kernel, onednn = PackedLinear(w, b, kernel), PackedLinear(w, b)
+    with_kernel, onednn = PackedLinear.of(w, b, kernel), PackedLinear.of(w, b)
     assert torch.equal(with_kernel(x), onednn(x))
 
 
@@ -599,13 +599,8 @@ def test_a_model_with_a_setting_the_step_does_not_implement_decodes_on_the_refer
 ) -> None:
     """One notice naming the setting, no compiled step and no attention kernel, and the
     reference step's output; the compiled step would have computed another model."""
-    from nmt_cli.backends.cpu.decoder import cpu_decoders
-
     told: list[str] = []
-    model = _silu_model()
-    if precision == "bf16":
-        model = model.to(torch.bfloat16)
-    (decoder,) = cpu_decoders([model], precision, True, on_fallback=told.append)
+    decoder = backend_decoder(_silu_model(), precision, told.append)
     assert told == ["the compiled step does not implement model.activation='silu'"]
     assert decoder.step is None and decoder.attention_kernel is None
     src = _sources()
@@ -651,7 +646,7 @@ def test_int8_without_vnni_uses_seven_bit_activations_and_stays_accurate(
     g = torch.Generator().manual_seed(3)
     w = torch.rand(16, 64, generator=g) + 1.0  # every weight near the top of its range
     x = torch.rand(4, 64, generator=g) + 1.0  # and every activation
-    layer = Int8Linear(w, None)
+    layer = Int8Linear.of(w, None)
     assert layer.reduce_range
     exact = x @ w.T
     assert ((layer(x) - exact).norm() / exact.norm()) < 0.02

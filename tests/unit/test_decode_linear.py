@@ -7,22 +7,30 @@ the same tokens and scores as recomputing every prefix through the teacher-force
 
 from __future__ import annotations
 
-import copy
+from dataclasses import replace
+from types import ModuleType
 
 import pytest
 import torch
 import torch.nn.functional as F
+from decode_models import wrap
 from recompute import FullRecompute
 from reverser import reverse_batch
 from torch import Tensor, nn
 
-from nmt_cli.backends.cpu.decoder import CpuDecoder
+from nmt_cli.backends.cpu import linear as cpu_linear
+from nmt_cli.backends.cpu.decoder import CpuDecoder, cpu_decoders
 from nmt_cli.backends.cpu.linear import (
+    DecodeLinear,
+    DecodeLinears,
     Int8Linear,
     PackedLinear,
     packed_bf16_available,
-    specialise_linears,
 )
+from nmt_cli.backends.machine import machine_plan
+from nmt_cli.backends.plan import Target
+from nmt_cli.core.checkpoint import build_transformer
+from nmt_cli.core.operations import REFERENCE
 from nmt_cli.core.precision import resolve_decode_precision
 from nmt_cli.core.search import beam_search, greedy_search
 from nmt_cli.core.step_linear import linear, linear_add, linear_relu
@@ -53,9 +61,9 @@ def test_packed_bf16_linear_equals_the_plain_one_bit_for_bit(shape: tuple[int, .
     torch.manual_seed(0)
     layer = nn.Linear(32, 48).to(torch.bfloat16)
     x = torch.randn(*shape, dtype=torch.bfloat16)
-    packed = PackedLinear(layer.weight, layer.bias)
+    packed = PackedLinear.of(layer.weight, layer.bias)
     assert torch.equal(packed(x), layer(x))
-    no_bias = PackedLinear(layer.weight, None)
+    no_bias = PackedLinear.of(layer.weight, None)
     assert torch.equal(no_bias(x), F.linear(x, layer.weight))
 
 
@@ -65,7 +73,7 @@ def test_fused_relu_and_residual_add_round_once() -> None:
     layer = nn.Linear(32, 48).to(torch.bfloat16)
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     residual = torch.randn(4, 48, dtype=torch.bfloat16)
-    packed = PackedLinear(layer.weight, layer.bias)
+    packed = PackedLinear.of(layer.weight, layer.bias)
     exact = F.linear(x.float(), layer.weight.float(), layer.bias.float())  # fp32 accumulation
     assert torch.equal(linear_relu(packed, x), exact.relu().bfloat16())
     summed = linear_add(packed, x, residual)
@@ -82,7 +90,7 @@ def test_int8_linear_is_within_quantization_error() -> None:
     torch.manual_seed(0)
     layer = nn.Linear(64, 96)
     x = torch.randn(7, 64)
-    y = Int8Linear(layer.weight, layer.bias)(x)
+    y = Int8Linear.of(layer.weight, layer.bias)(x)
     expected = layer(x).detach()
     assert y.dtype == torch.float32 and y.shape == expected.shape
     # 8-bit weights and activations: about 1% of the output's range, far from 0 or random
@@ -90,17 +98,141 @@ def test_int8_linear_is_within_quantization_error() -> None:
     assert 0 < error < 0.03
 
 
-def test_specialise_swaps_every_linear_and_the_tied_projection(
+PRODUCT_SHAPES = [(48, 64), (48,), (5, 64), (5, 48)]  # weight, bias, input, residual
+
+
+def _arithmetic_bound(
+    layer: DecodeLinear, x: Tensor, w: Tensor, b: Tensor, residual: Tensor | None
+) -> Tensor:
+    """How far `layer`'s products may be from the exact ones (float64 on the same inputs),
+    element by element, from its arithmetic: S = |x| |W|^T + |b| (+ |residual|) bounds
+    every partial sum, and k = in_features terms are summed in float32 (at most k + 2
+    roundings of 2^-24 of S). bf16 results are rounded once more, by at most half a unit
+    of their last place: 2^-8 of the value. int8 rounds each weight to half a step of its
+    row's grid (max |w| / 127) and each activation to at most one step of the coarsest
+    grid of either kernel (the input's range / 127: the module's per-row max |x| / 127
+    rounds to half a step, PyTorch's per-call affine grid of range / 255, or / 127 with 7
+    bits, to at most one with its zero point), so a product is off by at most
+    dw |x| + dx |w| + dw dx per term."""
+    k = x.size(-1)
+    x64, w64 = x.double(), w.double()
+    added = torch.zeros(()) if residual is None else residual.double()
+    size = x64.abs() @ w64.abs().T + b.double().abs() + added.abs()
+    bound = (k + 2) * 2**-24 * size
+    if isinstance(layer, PackedLinear):
+        return bound + 2**-8 * (x64 @ w64.T + b.double() + added).abs()
+    dw = (w64.abs().amax(1) / 127 / 2)[None, :]  # one per output row
+    dx = (x64.clamp(min=0).max() - x64.clamp(max=0).min()) / 127
+    terms = dw * x64.abs().sum(1, keepdim=True) + dx * w64.abs().sum(1)[None, :] + k * dw * dx
+    return bound + terms
+
+
+def test_each_implementation_equals_the_reference_within_its_arithmetic(
+    kernel: ModuleType,
+) -> None:
+    """Every linear layer the CPU backend declares that runs here, made as the planner
+    makes it, against core's reference (`linear`, `linear_relu`, `linear_add` over an
+    `nn.Linear`) in float64 on the same inputs: within `_arithmetic_bound`, in each of
+    its three forms, and not merely the reference under another name (int8 is off)."""
+    g = torch.Generator().manual_seed(11)
+    ran = []
+    for implementation in cpu_linear.implementations():
+        precision = implementation.precision
+        target = Target(torch.device("cpu"), False, kernel=kernel, precision=precision)
+        if implementation.refuses(target) is not None:
+            continue
+        linears = implementation.make(target)
+        assert isinstance(linears, DecodeLinears)
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        w, b, x, r = (torch.randn(*shape, generator=g).to(dtype) for shape in PRODUCT_SHAPES)
+        layer = linears.of(w, b)
+        exact = nn.Linear(64, 48).double()
+        with torch.no_grad():
+            exact.weight.copy_(w.double())
+            exact.bias.copy_(b.double())
+        plain, added = _arithmetic_bound(layer, x, w, b, None), _arithmetic_bound(layer, x, w, b, r)
+        for got, want, bound in (
+            (linear(layer, x), linear(exact, x.double()), plain),
+            (linear_relu(layer, x), linear_relu(exact, x.double()), plain),
+            (linear_add(layer, x, r), linear_add(exact, x.double(), r.double()), added),
+        ):
+            assert got.dtype == dtype and got.shape == want.shape
+            assert ((got.double() - want).abs() <= bound).all(), implementation.name
+        if precision == "int8":
+            assert not torch.equal(linear(layer, x).double(), linear(exact, x.double()))
+        ran.append(implementation.name)
+    assert any("quantized" in name for name in ran)  # PyTorch's int8 runs everywhere
+
+
+def _module_types(model: nn.Module) -> dict[str, type]:
+    return {name: type(module) for name, module in model.named_modules()}
+
+
+def _parameters(model: nn.Module) -> dict[str, tuple[int, Tensor]]:
+    return {name: (p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
+
+
+def _unchanged(model: nn.Module, types: dict[str, type], parameters: dict) -> bool:
+    now = _parameters(model)
+    return (
+        _module_types(model) == types
+        and now.keys() == parameters.keys()
+        and all(
+            now[n][0] == parameters[n][0] and torch.equal(now[n][1], parameters[n][1]) for n in now
+        )
+    )
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_decoding_builds_its_model_and_changes_no_model(
+    tiny_config: ModelConfig, precision: str
+) -> None:
+    """The model is built with the plan's linear layers and then only wrapped: neither
+    the model whose weights it takes nor the one built is changed by the wrapping (types
+    of every module, every parameter's storage and values)."""
+    torch.manual_seed(0)
+    reference = Transformer(tiny_config).eval()
+    types, parameters = _module_types(reference), _parameters(reference)
+    target = Target(torch.device("cpu"), False, precision=precision)
+    operations = machine_plan(target).operations
+    built = build_transformer(tiny_config, reference.state_dict(), operations)
+    built_types, built_parameters = _module_types(built), _parameters(built)
+    (decoder,) = cpu_decoders([built], operations.linear, None, precision)
+    assert decoder.model is built and _unchanged(built, built_types, built_parameters)
+    wrap(reference, precision)
+    assert _unchanged(reference, types, parameters)
+
+
+def test_an_int8_model_holds_no_float_weight_of_its_linear_layers(
     tiny_config: ModelConfig,
 ) -> None:
+    """Each linear layer is an int8 one from the start and takes its weight as the
+    checkpoint loads, so no float32 copy of what it multiplies with stays alive: the
+    model's parameters are its embeddings and norms, and the tied projection is int8 too."""
     torch.manual_seed(0)
-    model = Transformer(tiny_config).eval()
-    n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
-    projection = specialise_linears(model, "int8")
-    assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == n_linear
-    assert isinstance(projection, Int8Linear)
-    assert projection.out_features == tiny_config.tgt_vocab_size
+    reference = Transformer(tiny_config).eval()
+    decoder = wrap(reference, "int8")
+    linears = {n for n, m in reference.named_modules() if isinstance(m, nn.Linear)}
+    assert linears and all(isinstance(decoder.model.get_submodule(n), Int8Linear) for n in linears)
+    kept = {n for n, _ in decoder.model.named_parameters()}
+    assert kept == {
+        n for n, _ in reference.named_parameters() if n.rpartition(".")[0] not in linears
+    }
+    assert isinstance(decoder.projection, Int8Linear)
+    assert decoder.projection.out_features == tiny_config.tgt_vocab_size
+
+
+def test_a_checkpoint_of_another_shape_is_refused_by_a_decoding_layer(
+    tiny_config: ModelConfig,
+) -> None:
+    weights = Transformer(tiny_config).state_dict()
+    weights["decoder.0.ffn.w1.weight"] = weights["decoder.0.ffn.w1.weight"][:, :-1]
+    del weights["decoder.0.ffn.w2.bias"]
+    model = Transformer(tiny_config, replace(REFERENCE, linear=DecodeLinears(Int8Linear)))
+    with pytest.raises(RuntimeError) as error:
+        model.load_state_dict(weights)
+    assert "decoder.0.ffn.w1.weight: (64, 31)" in str(error.value)
+    assert 'Missing key(s) in state_dict: "decoder.0.ffn.w2.bias"' in str(error.value)
 
 
 def _decode_steps(model: Transformer | CpuDecoder, src: Tensor, tgt: Tensor) -> Tensor:
@@ -118,8 +250,7 @@ def test_packed_bf16_model_decodes_as_the_plain_bf16_model(tiny_config: ModelCon
     rounds twice: the same log-probabilities up to bf16 rounding."""
     torch.manual_seed(0)
     plain = Transformer(tiny_config).eval().to(torch.bfloat16)
-    packed = copy.deepcopy(plain)
-    packed = CpuDecoder(packed, specialise_linears(packed, "packed-bf16"))
+    packed = wrap(plain, "bf16")
     src, tgt = _batch(), torch.randint(4, 40, (5, 6), generator=torch.Generator().manual_seed(4))
     a, b = _decode_steps(packed, src, tgt), _decode_steps(plain, src, tgt)
     assert (a.exp() - b.exp()).abs().max() < 0.01
@@ -128,8 +259,7 @@ def test_packed_bf16_model_decodes_as_the_plain_bf16_model(tiny_config: ModelCon
 
 @needs_mkldnn
 def test_packed_bf16_keeps_a_trained_model_exact(reverser: Transformer) -> None:
-    core = copy.deepcopy(reverser).to(torch.bfloat16)
-    model = CpuDecoder(core, specialise_linears(core, "packed-bf16"))
+    model = wrap(reverser, "bf16")
     src, _, tgt_out = reverse_batch(100, torch.Generator().manual_seed(123))
     expected = [[t for t in row.tolist() if t > 3] for row in tgt_out]
     assert [h[0].tokens for h in beam_search(model, src, beam_size=4)] == expected
@@ -138,9 +268,7 @@ def test_packed_bf16_keeps_a_trained_model_exact(reverser: Transformer) -> None:
 def test_int8_model_scores_close_to_float32(tiny_config: ModelConfig) -> None:
     torch.manual_seed(0)
     fp32 = Transformer(tiny_config).eval()
-    int8 = Transformer(tiny_config).eval()
-    int8.load_state_dict(fp32.state_dict())
-    int8 = CpuDecoder(int8, specialise_linears(int8, "int8"))
+    int8 = wrap(fp32, "int8")
     src, tgt = _batch(), torch.randint(4, 40, (5, 6), generator=torch.Generator().manual_seed(4))
     a, b = _decode_steps(fp32, src, tgt), _decode_steps(int8, src, tgt)
     assert (a.exp() - b.exp()).abs().max() < 0.02  # probabilities within two points
@@ -153,8 +281,7 @@ def test_int8_decoding_is_refused_on_a_gpu() -> None:
 
 
 def test_int8_keeps_a_trained_model_exact(reverser: Transformer) -> None:
-    core = copy.deepcopy(reverser)
-    model = CpuDecoder(core, specialise_linears(core, "int8"))
+    model = wrap(reverser, "int8")
     src, _, tgt_out = reverse_batch(100, torch.Generator().manual_seed(123))
     expected = [[t for t in row.tolist() if t > 3] for row in tgt_out]
     assert [h[0].tokens for h in beam_search(model, src, beam_size=4)] == expected

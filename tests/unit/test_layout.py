@@ -171,3 +171,24 @@ def test_attention_is_written_in_one_place() -> None:
         attention_calls = calls & {"softmax", "scaled_dot_product_attention", "baddbmm"}
         if path.relative_to(PACKAGE).as_posix() != "core/attention.py":
             assert not attention_calls, (path, attention_calls)
+
+
+def test_nothing_is_swapped_into_a_built_model() -> None:
+    """A model holds what its plan gave it when it was built (core's constructors make
+    every submodule, the planned linear layers included): no code puts a submodule into
+    a model afterwards, as a decoding backend once replaced every linear layer. Outside
+    core nothing calls `add_module`, `register_module` or `set_submodule`, and `setattr`
+    only sets the fields of an export's own spec objects."""
+    swaps = {"add_module", "register_module", "set_submodule"}
+    exports = {"engines/export/ctranslate2.py"}  # CTranslate2's spec objects, not modules
+    for path in PACKAGE.rglob("*.py"):
+        where = path.relative_to(PACKAGE).as_posix()
+        if where.startswith("core/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            assert name not in swaps, (where, name)
+            assert name != "setattr" or where in exports, (where, ast.unparse(node))

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import torch
+from decode_models import backend_decoder
 from recompute import FullRecompute
 from torch import Tensor
 
-from nmt_cli.backends.cpu.decoder import cpu_decoders
 from nmt_cli.backends.cpu.support import unsupported
 from nmt_cli.config import ConfigError, recipe_from_dict
 from nmt_cli.core import local_attention
@@ -284,7 +284,7 @@ def test_the_cpu_backend_decodes_a_window_on_the_reference_step(kernel: ModuleTy
     assert unsupported(ModelConfig(), "fp32") == []
     model = _model(window=3)
     told: list[str] = []
-    (decoder,) = cpu_decoders([copy.deepcopy(model)], "fp32", True, on_fallback=told.append)
+    decoder = backend_decoder(model, "fp32", told.append)
     assert told == ["the compiled step does not implement model.attention_window=3"]
     assert decoder.step is None and isinstance(decoder.new_cache(), DecoderCache)
     src, _ = _batch(src_len=10)

@@ -11,10 +11,10 @@ from types import ModuleType
 import pytest
 import torch
 import torch.nn.functional as F
-from decode_models import random_model, wrap
+from decode_models import backend_decoder, random_model, wrap
 from torch import Tensor
 
-from nmt_cli.backends.cpu.decoder import CpuDecoder, cpu_decoders
+from nmt_cli.backends.cpu.decoder import CpuDecoder
 from nmt_cli.core.checkpoint import Checkpoint, checkpoint_from_dict, model_state
 from nmt_cli.core.parameters import count_parameters, parameter_breakdown
 from nmt_cli.core.search import beam_search
@@ -153,7 +153,7 @@ def test_the_compiled_step_declines_pre_norm_and_the_reference_step_decodes_it(
     """One notice naming the setting, no compiled step, and the reference step's beams;
     the compiled (post-norm) step would have computed another model."""
     told: list[str] = []
-    (decoder,) = cpu_decoders([random_model(pre_norm=True)], "fp32", True, on_fallback=told.append)
+    decoder = backend_decoder(random_model(pre_norm=True), "fp32", told.append)
     assert told == ["the compiled step does not implement model.pre_norm=True"]
     assert decoder.step is None and decoder.attention_kernel is None
     src = torch.randint(4, 50, (3, 8), generator=torch.Generator().manual_seed(2))

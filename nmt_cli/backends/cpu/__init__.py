@@ -2,18 +2,20 @@
 
 core/ holds the Transformer and its Python decoder step, the reference. This package
 wraps a Transformer for decoding on a CPU (`CpuDecoder`, a `core.search.Searchable`):
-packed bf16 and int8 linear layers (linear.py), a compiled C++ module built on first
-use (build.py, csrc/) that runs the whole decoder step in one call (step.py, over the
-named contract of contract.py), a cache whose keys never move with its attention
-kernel (slot_cache.py), and beam search's bookkeeping in one call. What its
-model-shaped parts implement is declared in support.py; a model outside it decodes on
-the reference step. decoder.py makes the one choice of arithmetic per model. The same
-module gives CPU training its dropout masks, loss sweep and attention (training.py).
+packed bf16 and int8 linear layers (linear.py, declared to the planner), a compiled C++
+module built on first use (build.py, csrc/) that runs the whole decoder step in one call
+(step.py, over the named contract of contract.py), a cache whose keys never move with
+its attention kernel (slot_cache.py), and beam search's bookkeeping in one call. What
+its model-shaped parts implement is declared in support.py; a model outside it decodes
+on the reference step. decoder.py makes the rest of the choice of arithmetic per model.
+The same module gives CPU training its dropout masks, loss sweep and attention
+(training.py).
 
 What it may assume of core: the Transformer's modules and their names (the layers of
 `DecoderLayer`, `tgt_embed`), `step_hidden`/`logits`, the cross-attention's
 `project_kv`, core/cache.py's cache protocols, and core/step_linear.py's `StepLinear`
-for stand-in layers. Core never imports this package.
+for its decode-only linear layers, which the planner has the model built with
+(`Operations.linear`). Core never imports this package.
 """
 
 from nmt_cli.backends.cpu.decoder import CpuDecoder, cpu_decoders

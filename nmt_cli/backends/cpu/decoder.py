@@ -1,9 +1,11 @@
 """A Transformer wrapped for decoding on a CPU: the backend's one `Searchable`.
 
-`cpu_decoders` makes the one choice of arithmetic for each model: which linear layers
-(PyTorch's for fp32, packed bf16 or int8 stand-ins, backends/cpu/linear.py), whether the
-compiled module's kernels run them, whether its log-softmax and attention kernel (with
-the SlotCache) take part, and whether the compiled step runs the whole step. The rule:
+The model's linear layers are the planner's choice (backends/cpu/linear.py's
+implementations: PyTorch's for fp32, packed bf16 or int8 layers, on the compiled module's
+kernels or not), made when the model was built. `cpu_decoders` makes the rest of the
+choice of arithmetic for each model, from that one: the output projection in the same
+form, whether the module's log-softmax and attention kernel (with the SlotCache) take
+part, and whether the compiled step runs the whole step. The rule:
 the module's own arithmetic, which differs from PyTorch's in the last bits, only where the
 output projection already runs on its kernels (bf16 and int8 on CPUs that have them), so
 fp32 models keep PyTorch's exact scores; the model-shaped parts (compiled step, attention
@@ -25,14 +27,14 @@ from torch import Tensor, nn
 
 from nmt_cli.backends.cpu.build import CompileError, prepare_kernel
 from nmt_cli.backends.cpu.contract import ContractError
-from nmt_cli.backends.cpu.linear import Int8Linear, LinearKind, PackedLinear, specialise_linears
+from nmt_cli.backends.cpu.linear import DecodeLinear, DecodeLinears
 from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.backends.cpu.step import CompiledStep
 from nmt_cli.backends.cpu.support import unsupported
 from nmt_cli.core.beam_advance import Advance, BeamAdvance, torch_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
-from nmt_cli.core.step_linear import StepLinear, linear
+from nmt_cli.core.step_linear import LinearLayer, StepLinear, linear
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -50,7 +52,7 @@ def kernel_advance(kernel: ModuleType) -> BeamAdvance:
 class CpuDecoder(nn.Module):
     """One Transformer as search decodes it on a CPU (core.search.Searchable).
 
-    `model` keeps its own weights (its linear layers may be stand-ins); `projection` is
+    `model` is decoded as it was built (its linear layers as planned); `projection` is
     the decode-only output projection (None: the tied embedding as it is); `kernel` is
     the compiled module (None: PyTorch's arithmetic only); `structural` says whether
     the model-shaped parts (compiled step, attention kernel) may decode this model, and
@@ -167,12 +169,8 @@ class CpuDecoder(nn.Module):
     def paths(self) -> dict[str, str]:
         """Which implementation each operation of a decoding step takes for this model,
         in words: what `nmt env` reports, read off the choice made above."""
-        ffn = cast(DecoderLayer, self.model.decoder[0]).ffn.w1
-        linear_path = getattr(ffn, "path", None)
-        dtype = str(self.model.tgt_embed.tokens.weight.dtype).removeprefix("torch.")
         return {
             "decoder step": "the module's (C++, one call)" if self.step else "core's (Python)",
-            "linear layers": linear_path() if linear_path else f"PyTorch's ({dtype})",
             "log-softmax": (
                 "the module's AVX-512 passes"
                 if self.own_arithmetic is not None
@@ -208,7 +206,7 @@ def batch_bucket(n: int) -> int:
 def _shape_free_rows(layer: nn.Module) -> float:
     """Up to how many rows `layer`'s product builds no kernel for a new shape: the
     stand-ins as they say, an `nn.Linear` by its dtype, an unknown stand-in none."""
-    if isinstance(layer, (PackedLinear, Int8Linear)):
+    if isinstance(layer, DecodeLinear):
         return layer.shape_free_rows()
     if isinstance(layer, nn.Linear):
         return _plain_rows(layer.weight)
@@ -221,34 +219,41 @@ def _plain_rows(weight: Tensor) -> float:
     return math.inf if weight.dtype == torch.float32 else 0.0
 
 
-# The decode-only linear layers of each precision (fp32 keeps PyTorch's nn.Linear).
-_LINEAR_KINDS: dict[str, LinearKind] = {"bf16": "packed-bf16", "int8": "int8"}
+def decoding_kernel(
+    compiled_step: bool,
+    on_compile: Callable[[str], None] | None = None,
+    on_fallback: Callable[[str], None] = lambda reason: None,
+) -> tuple[ModuleType | None, str]:
+    """The compiled module for decoding (built first if need be: `on_compile` is told how
+    far the build has come, line by line; None: on stderr), or None and why not: not
+    asked for (`compiled_step=False`), or it could not be built (`on_fallback` is told)."""
+    if not compiled_step:
+        return None, "the compiled module is not in use (the Python step)"
+    try:
+        return prepare_kernel(on_compile), ""
+    except CompileError as exc:
+        on_fallback(f"the compiled step could not be built: {exc}")
+        return None, f"the compiled module could not be built: {exc}"
 
 
 def cpu_decoders(
     models: list[Transformer],
+    linears: LinearLayer,
+    kernel: ModuleType | None,
     precision: str,
-    compiled_step: bool,
-    on_compile: Callable[[str], None] | None = None,
     on_fallback: Callable[[str], None] = lambda reason: None,
 ) -> list[CpuDecoder]:
-    """Each model (on the CPU, already in the precision's dtype) wrapped for decoding:
-    the one place that decides its arithmetic (see the module's docstring).
+    """Each model (on the CPU, in the precision's dtype, built with the plan's `linears`)
+    wrapped for decoding, the rest of its arithmetic chosen (see the module's docstring);
+    the models themselves are not changed.
 
-    With `compiled_step`, the compiled module is built if need be (`on_compile` is
-    told how far the build has come, line by line; None: on stderr); where it cannot be
-    built or loaded, or a model has settings its step does not implement, `on_fallback`
-    gets the reason and decoding runs the reference step (in Python) for that model."""
-    kernel: ModuleType | None = None
-    if compiled_step:
-        try:
-            kernel = prepare_kernel(on_compile)
-        except CompileError as exc:
-            on_fallback(f"the compiled step could not be built: {exc}")
-    kind = _LINEAR_KINDS.get(precision)
+    `kernel` is the compiled module (`decoding_kernel`; None: PyTorch's arithmetic and
+    the reference step). Where a model has settings its step does not implement, or the
+    module's names differ from this side's, `on_fallback` gets the reason and decoding
+    runs the reference step (in Python) for that model."""
     decoders: list[CpuDecoder] = []
     for model in models:
-        projection = specialise_linears(model, kind, kernel) if kind is not None else None
+        projection = output_projection(model, linears)
         gaps = unsupported(model.cfg, precision)
         if gaps and kernel is not None:
             on_fallback("the compiled step does not implement " + ", ".join(gaps))
@@ -259,3 +264,12 @@ def cpu_decoders(
             decoder = CpuDecoder(model, projection, kernel, structural=False)
         decoders.append(decoder)
     return decoders
+
+
+def output_projection(model: Transformer, linears: LinearLayer) -> DecodeLinear | None:
+    """The tied output projection (the embedding matrix, and `output_bias`) in the form of
+    the model's other linear layers; None where those are PyTorch's own (the embedding
+    is multiplied as it is, `Transformer.logits`)."""
+    if not isinstance(linears, DecodeLinears):
+        return None
+    return linears.of(model.output_weight, model.output_bias)

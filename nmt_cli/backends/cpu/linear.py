@@ -20,47 +20,108 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   oneDNN). Everything else stays float32.
 
 Both are core/step_linear.py's `StepLinear`s, so the model's own decoder step calls
-them with its ReLU and residual adds fused. `specialise_linears` swaps every linear layer
-of a Transformer for one of these and returns one made of the tied output projection.
-The result decodes only: it has no gradients, and its packed weights are not
-parameters, so it is never trained or saved.
+them with its ReLU and residual adds fused. They are this backend's implementations of
+the `linear` operation (`implementations`, among which the planner chooses,
+backends/plan.py): `DecodeLinears` makes each of a Transformer's linear layers as one of
+them, empty, when the model is built, and each takes its weight into its own form as
+the checkpoint loads. The model never holds the float weights it does not multiply with
+(an int8 model's float32 ones), and nothing is swapped into it afterwards. A model built
+with them decodes only: it has no gradients, and its packed weights are not parameters,
+so it is never trained or saved.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Literal, cast
+from typing import Any, Self, cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from nmt_cli.backends.plan import Implementation, Target
 from nmt_cli.core.step_linear import StepLinear
-from nmt_cli.cpu_level import cpu_flags
+from nmt_cli.cpu_level import cpu_flags, cpu_level
 from nmt_cli.errors import NmtError
 
-LinearKind = Literal["packed-bf16", "int8"]
 
-
-class PackedLinear(StepLinear):
-    """y = x W^T + b with W reordered once into oneDNN's layout (bf16, CPU), and into
-    the compiled module's for products of few rows when `kernel` is given and the CPU
-    has AVX-512 BF16."""
+class DecodeLinear(StepLinear):
+    """A decode-only linear layer, in_features -> out_features, that keeps its weight
+    only in its kernel's form, made once by `load`. `kernel` is the compiled module
+    (backends/cpu/build.py) where the planner chose its kernel for this layer's kind."""
 
     def __init__(
-        self, weight: Tensor, bias: Tensor | None, kernel: ModuleType | None = None
+        self, in_features: int, out_features: int, kernel: ModuleType | None = None
     ) -> None:
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        self.in_features, self.out_features = in_features, out_features
+        self.kernel = kernel
+
+    @classmethod
+    def of(cls, weight: Tensor, bias: Tensor | None, kernel: ModuleType | None = None) -> Self:
+        """The layer holding `weight` (out_features, in_features) and `bias`."""
+        layer = cls(weight.size(1), weight.size(0), kernel)
+        layer.load(weight, bias)
+        return layer
+
+    def load(self, weight: Tensor, bias: Tensor | None) -> None:
+        """Take `weight` and `bias` into this layer's form (they are not kept)."""
+        raise NotImplementedError
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Mapping[str, Tensor],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """An `nn.Linear`'s entries (`weight`, `bias`) taken as the model loads, as
+        PyTorch's own quantized Linear takes them; what is missing or of another shape
+        is reported as `load_state_dict` reports it."""
+        names = [prefix + "weight", prefix + "bias"]
+        missing = [name for name in names if name not in state_dict]
+        if missing:
+            missing_keys += missing
+            return
+        weight, bias = (state_dict[name] for name in names)
+        shape = (self.out_features, self.in_features)
+        if weight.shape != shape:
+            error_msgs.append(f"{names[0]}: {tuple(weight.shape)} for a layer of {shape}")
+            return
+        self.load(weight, bias)
+
+    def shape_free_rows(self) -> float:
+        """Up to how many rows a product builds no kernel for a new shape."""
+        raise NotImplementedError
+
+
+class PackedLinear(DecodeLinear):
+    """y = x W^T + b with W reordered once into oneDNN's layout (bf16, CPU), and given
+    `kernel` into the compiled module's too, whose AVX-512 BF16 kernel takes products
+    of few rows."""
+
+    bias: Tensor | None
+    packed: Tensor  # the weight in oneDNN's layout
+    rows: Tensor | None  # the weight in the compiled kernel's layout
+
+    def __init__(
+        self, in_features: int, out_features: int, kernel: ModuleType | None = None
+    ) -> None:
+        # The module's kernel reads bf16 pairs: a layer of odd width stays on oneDNN's.
+        super().__init__(in_features, out_features, kernel if in_features % 2 == 0 else None)
+
+    def load(self, weight: Tensor, bias: Tensor | None) -> None:
         weight = weight.detach().to(torch.bfloat16)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight)
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
-        self.kernel: ModuleType | None = None
-        self.rows: Tensor | None = None  # the weight in the compiled kernel's layout
-        if kernel is not None and kernel.bf16_kernel_available() and self.in_features % 2 == 0:
-            self.kernel, self.rows = kernel, kernel.pack_bf16(weight)
+        self.rows = None if self.kernel is None else self.kernel.pack_bf16(weight)
 
     def _module(self, x: Tensor, residual: Tensor | None, relu: bool) -> Tensor:
         """The compiled module's choice: its kernel for few rows, oneDNN's for more."""
@@ -94,35 +155,29 @@ class PackedLinear(StepLinear):
         kernel's; oneDNN builds one per shape (above them, or at every size without it)."""
         return float(self.kernel.kernel_rows()) if self.kernel is not None else 0.0
 
-    def path(self) -> str:
-        """Where its products run, in words (`nmt env`)."""
-        if self.kernel is None:
-            return "oneDNN bf16, weights packed once"
-        rows = self.kernel.kernel_rows()
-        return f"the module's AVX-512 BF16 kernel up to {rows} rows, oneDNN bf16 above"
 
-
-class Int8Linear(StepLinear):
+class Int8Linear(DecodeLinear):
     """y ~ x W^T + b with int8 weights (one scale per output row) and int8 activations,
     accumulated in int32, returned in float32.
 
-    With the compiled module (`kernel`) on a CPU with AVX-512 VNNI, each input row is
+    With the compiled module (`kernel`, on a CPU with AVX-512 VNNI) each input row is
     quantized with its own scale (csrc/int8_linear.cpp): a sentence's result does
     not depend on the rest of its batch, and there is no fixed cost a call (faster than
     PyTorch's at every size, most at a few rows: BENCHMARKS.md). Otherwise PyTorch's
     dynamic quantized kernel, which quantizes the whole input with one scale."""
 
-    def __init__(
-        self, weight: Tensor, bias: Tensor | None, kernel: ModuleType | None = None
-    ) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
+    bias: Tensor | None
+    rows: Tensor  # with `kernel`: the int8 weight in its layout, scales, column sums
+    scale: Tensor
+    column_sum: Tensor
+    packed: Tensor  # without: PyTorch's packed quantized weight
+    reduce_range: bool  # without: 7-bit activations
+
+    def load(self, weight: Tensor, bias: Tensor | None) -> None:
         weight = weight.detach().float()
         self.bias = None if bias is None else bias.detach().float()
-        self.kernel: ModuleType | None = None
-        if kernel is not None and kernel.int8_kernel_available():
-            self.kernel = kernel
-            self.rows, self.scale, self.column_sum = kernel.pack_int8(weight)
+        if self.kernel is not None:
+            self.rows, self.scale, self.column_sum = self.kernel.pack_int8(weight)
             return
         scale = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
         zero = torch.zeros(self.out_features, dtype=torch.long)
@@ -164,14 +219,6 @@ class Int8Linear(StepLinear):
         may build a kernel per shape."""
         return math.inf if self.kernel is not None else 0.0
 
-    def path(self) -> str:
-        """Where its products run, in words (`nmt env`)."""
-        if self.kernel is not None:
-            return "the module's AVX-512 VNNI kernel, a scale per row"
-        bits = "7-bit" if self.reduce_range else "8-bit"
-        engine = torch.backends.quantized.engine
-        return f"PyTorch's quantized kernels ({engine}), one scale per call, {bits} activations"
-
 
 def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether the CPU multiplies bytes into 32-bit sums (AVX-512 VNNI or AVX-VNNI), read
@@ -200,31 +247,81 @@ def packed_bf16_available() -> bool:
         return False
 
 
-def specialise_linears(
-    model: nn.Module, kind: LinearKind, kernel: ModuleType | None = None
-) -> StepLinear | None:
-    """Replace, in place, every `nn.Linear` under `model` (a Transformer) by a decode-only
-    layer of `kind`, and return one of the tied output projection (the embedding matrix),
-    None where there is nothing to pack into.
+@dataclass(frozen=True)
+class DecodeLinears:
+    """`Operations.linear` for decoding on a CPU: each linear layer of the model being
+    built as a `layer` (on `kernel`'s products where given), empty until it loads."""
 
-    The model must already be on the CPU, in bf16 for "packed-bf16" and float32 for
-    "int8" (the embeddings, norms and attention stay in that dtype). `kernel`, the
-    compiled module (backends/cpu/build.py), gives the layers its kernels.
-    """
-    if kind == "int8" and not int8_available():
-        raise NmtError("--precision int8: this PyTorch build has no quantized CPU kernels")
-    if kind == "packed-bf16" and not packed_bf16_available():
-        return None  # nothing to pack into; plain bf16 linear layers still work
+    layer: type[DecodeLinear]
+    kernel: ModuleType | None = None
 
-    def decode_only(weight: Tensor, bias: Tensor | None) -> StepLinear:
-        if kind == "packed-bf16":
-            return PackedLinear(weight, bias, kernel)
-        return Int8Linear(weight, bias, kernel)
+    def __call__(self, in_features: int, out_features: int) -> DecodeLinear:
+        return self.layer(in_features, out_features, self.kernel)
 
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, decode_only(child.weight, child.bias))
-    tokens = model.get_submodule("tgt_embed.tokens")
-    assert isinstance(tokens, nn.Embedding)
-    return decode_only(tokens.weight, getattr(model, "output_bias", None))
+    def of(self, weight: Tensor, bias: Tensor | None) -> DecodeLinear:
+        """A layer of this kind holding `weight` and `bias` (the tied output projection)."""
+        return self.layer.of(weight, bias, self.kernel)
+
+
+def implementations() -> list[Implementation]:
+    """The linear layers of a model decoding on a CPU, fastest first: in bf16 the module's
+    kernel (with oneDNN's for many rows), then oneDNN's alone; in int8 the module's
+    kernel, then PyTorch's quantized kernels. An fp32 model keeps core's reference,
+    PyTorch's own product, which builds no kernel per shape and is exact."""
+
+    def onednn_refuses(target: Target) -> str | None:
+        if packed_bf16_available():
+            return None
+        return "oneDNN cannot pack bf16 weights on this CPU (it needs AVX-512 or AVX-NE-CONVERT)"
+
+    def module_refuses(available: str, level: str) -> Callable[[Target], str | None]:
+        def refuses(target: Target) -> str | None:
+            if target.kernel is None:
+                return target.no_kernel
+            if not getattr(target.kernel, available)():
+                return f"it needs the CPU level {level}, and {cpu_level()} is in force"
+            return None
+
+        return refuses
+
+    def module_bf16_refuses(target: Target) -> str | None:  # oneDNN's for many rows
+        module = module_refuses("bf16_kernel_available", "avx512_bf16")
+        return module(target) or onednn_refuses(target)
+
+    def quantized(target: Target) -> DecodeLinears:
+        if not int8_available():  # int8 has no reference to fall back to
+            raise NmtError("--precision int8: this PyTorch build has no quantized CPU kernels")
+        return DecodeLinears(Int8Linear)
+
+    bits = "8-bit" if cpu_has_vnni() else "7-bit"
+    engine = torch.backends.quantized.engine
+    return [
+        Implementation(
+            "linear",
+            "the module's AVX-512 BF16 kernel for few rows, oneDNN's packed bf16 for more",
+            module_bf16_refuses,
+            lambda target: DecodeLinears(PackedLinear, target.kernel),
+            "cpu", training=False, precision="bf16",
+        ),
+        Implementation(
+            "linear",
+            "oneDNN's packed bf16 (weights packed once)",
+            onednn_refuses,
+            lambda target: DecodeLinears(PackedLinear),
+            "cpu", training=False, precision="bf16",
+        ),
+        Implementation(
+            "linear",
+            "the module's AVX-512 VNNI kernel (a scale per row)",
+            module_refuses("int8_kernel_available", "avx512_vnni"),
+            lambda target: DecodeLinears(Int8Linear, target.kernel),
+            "cpu", training=False, precision="int8",
+        ),
+        Implementation(
+            "linear",
+            f"PyTorch's quantized kernels ({engine}; one scale per call, {bits} activations)",
+            lambda target: None,
+            quantized,
+            "cpu", training=False, precision="int8",
+        ),
+    ]  # fmt: skip
