@@ -89,7 +89,10 @@ def prepare_command(
         show_default=False,
     ),
     tree_leaves: str = typer.Option(
-        "xx", "--tree-leaves", help="Tree leaves: xx (the paper's) or words."
+        "xx",
+        "--tree-leaves",
+        help="Leaves: xx (the paper's, default) or words.",
+        show_default=False,
     ),
     cache_dir: str = typer.Option("", "--cache-dir", help="Download cache for presets."),
     workers: int = typer.Option(0, "--workers", help="Encoding processes; 0: all CPUs."),
