@@ -83,6 +83,7 @@ def test_train_resume_and_refuse_a_changed_model(setup: tuple[Path, Path]) -> No
         "blocks",
         "keep_mask",
         "loss_sweep",
+        "linear",
     ]
     assert load_checkpoint(run / "checkpoints/last.pt").step == 6
 
