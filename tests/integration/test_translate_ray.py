@@ -32,16 +32,7 @@ from nmt_cli.engines.translate.ray_reading import reader_threads
 from nmt_cli.errors import Interrupted, NmtError
 
 # Ray Data warns of its own deprecated settings when it copies its context.
-# On request only (`make test-ray`): a pytest process driving these local clusters ended
-# silently in about a third of the runs (the third test onwards; a known issue being
-# chased), which no other test may share.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.skipif(
-        os.environ.get("NMT_TEST_RAY") != "1", reason="Ray clusters: NMT_TEST_RAY=1 (make test-ray)"
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 BLOCK = 8  # --buffer-lines: 72 lines are 9 blocks
 LINES = [COPY_POOL[(5 * i) % len(COPY_POOL)] if i % 10 else "" for i in range(9 * BLOCK)]
