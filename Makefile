@@ -26,10 +26,9 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest tests --durations=15
 
-# `nmt translate --ray` on local two-node Ray clusters, in a pytest process of its own
-# (a known issue: that process sometimes ends silently; see the test file).
+# `nmt translate --ray` on local two-node Ray clusters alone (make test runs them too).
 test-ray: $(STAMP)
-	NMT_TEST_RAY=1 $(BIN)/pytest tests/integration/test_translate_ray.py
+	$(BIN)/pytest tests/integration/test_translate_ray.py
 
 # The quick loop while working: every test but the long end-to-end ones (marked slow:
 # trainings, servers, clusters, subprocess start-ups), in under 2 minutes on 2 cores.

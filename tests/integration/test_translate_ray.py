@@ -28,19 +28,11 @@ from ray.cluster_utils import Cluster
 from nmt_cli.config import DecodeConfig
 from nmt_cli.engines.translate.corpus_parts import MANIFEST, BlockRecord
 from nmt_cli.engines.translate.ray_corpus import RayJob, translate_on_ray
-from nmt_cli.errors import NmtError
+from nmt_cli.engines.translate.ray_reading import reader_threads
+from nmt_cli.errors import Interrupted, NmtError
 
 # Ray Data warns of its own deprecated settings when it copies its context.
-# On request only (`make test-ray`): a pytest process driving these local clusters ended
-# silently in about a third of the runs (the third test onwards; a known issue being
-# chased), which no other test may share.
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.skipif(
-        os.environ.get("NMT_TEST_RAY") != "1", reason="Ray clusters: NMT_TEST_RAY=1 (make test-ray)"
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 BLOCK = 8  # --buffer-lines: 72 lines are 9 blocks
 LINES = [COPY_POOL[(5 * i) % len(COPY_POOL)] if i % 10 else "" for i in range(9 * BLOCK)]
@@ -158,19 +150,23 @@ def test_a_stopped_job_resumes_with_the_blocks_it_had_not_written(
     )
     first: list[int] = []
 
-    class Stopped(Exception):
-        """The job ends after three blocks (a KeyboardInterrupt raised here, in the
-        driver, can end the test process itself: a known issue of the Ctrl-C path)."""
-
-    def stop_after_three(record: BlockRecord) -> None:
+    def ctrl_c_after_three(record: BlockRecord) -> None:
         first.append(record.block)
         if len(first) == 3:
-            raise Stopped
+            raise KeyboardInterrupt  # as Ctrl-C does, in the driver, while Ray Data reads
 
-    with pytest.raises(Stopped):
-        translate_on_ray(job, on_block=stop_after_three)
-    assert not out.exists()
     staging = tmp_path / "out.jsonl.parts"
+    with pytest.raises(Interrupted) as stopped:
+        translate_on_ray(job, on_block=ctrl_c_after_three)
+    assert str(stopped.value) == (
+        f"interrupted; the 3 block(s) written stay in {staging}: "
+        "rerun with --resume to translate the rest"
+    )
+    assert stopped.value.exit_code == 130
+    # Ray Data's reading ended before the driver disconnected: none of its threads is
+    # left to call into Ray afterwards, which would end this process with exit status 1.
+    assert reader_threads() == []
+    assert not out.exists()
     assert len(list(staging.glob("part-*.jsonl"))) == 3
 
     with pytest.raises(NmtError, match=r"3 block\(s\) written\): pass --resume"):

@@ -7,9 +7,10 @@ Ray's object store; the blocks form a Ray dataset (`from_arrow_refs`, one row a 
 `map_batches` hands them, one at a time, to a fixed pool of actors, each holding one
 `BlockTranslator` (`block_worker`: one Translator with its threads, precision and
 kernels chosen on its node, and the command's own output formats). Answers come back in
-any order and each is written at once as its block's part (`corpus_parts`); when all are
-in, the parts are joined in input order into `--output`, or described by a manifest when
-`--output` is a directory of parts. Ray Data restarts an actor that dies and gives its
+any order and each is written at once as its block's part (`corpus_parts`), read in
+this process so that a stop leaves no Ray Data thread running (`ray_reading`); when all
+are in, the parts are joined in input order into `--output`, or described by a manifest
+when `--output` is a directory of parts. Ray Data restarts an actor that dies and gives its
 blocks to it again (`max_restarts`/`max_task_retries`, its defaults for actor pools);
 since a part is named by its block, a block translated twice is written once. A stopped
 job leaves its parts and journal, and `--resume` sends only the blocks still missing.
@@ -47,6 +48,7 @@ from nmt_cli.engines.translate.block_worker import (
 from nmt_cli.engines.translate.corpus_input import Block, Corpus, files_identity
 from nmt_cli.engines.translate.corpus_parts import BlockRecord, PartsDir, in_order
 from nmt_cli.engines.translate.ray_errors import connect_error, user_error
+from nmt_cli.engines.translate.ray_reading import read_blocks
 from nmt_cli.engines.translate.stream import Progress, TranslateStats, truncation_warning
 from nmt_cli.errors import Interrupted, UsageError
 from nmt_cli.optional import require
@@ -220,9 +222,11 @@ class _Run:
                     todo += len(block.lines)
             if not refs:
                 return lines
-            with progress(todo) if progress else contextlib.nullcontext() as shown:
-                for row in self._translated(refs).iter_rows():
-                    self._written(row[RECORD], row[DATA], shown)
+            shown_progress = progress(todo) if progress else contextlib.nullcontext()
+            with shown_progress as shown, read_blocks(self._translated(refs)) as tables:
+                for table in tables:
+                    for row in table.to_pylist():
+                        self._written(row[RECORD], row[DATA], shown)
         return lines
 
     def _translated(self, refs: list[Any]) -> Any:
