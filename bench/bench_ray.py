@@ -11,11 +11,13 @@ same settings (beam 4, alpha 0.6, blocks/chunks of --block-lines lines):
 - `nmt translate --ray --ray-address local --workers 2 --threads 1`: a new local Ray
   instance, two actors of one thread, each with its own model.
 
-For each, start-up is the wall time of the command on a one-line input (Python, imports,
-model load; for Ray also starting Ray, its actors and their model loads), and
-throughput is the lines of the full input over the wall time of the command on it less
-that start-up: what the engine costs per line once running. The outputs of the two are
-compared byte for byte. Without --input, the lines are the demo corpus's English
+Each command runs on the first half of the lines and on all of them. Throughput is the
+second half's lines over the difference of the two wall times: what the engine costs per
+line once running, whatever it costs to start and stop. Start-up is the half run's wall
+time less its lines at that rate: Python, imports, model loads and the end (for Ray also
+starting Ray and its actors), with as many workers or actors as the real run has (a
+one-line input would start one actor, not two). The outputs of the two on all the lines
+are compared byte for byte. Without --input, the lines are the demo corpus's English
 (engines/prepare/demo_corpus.py), for a model trained by `nmt run recipes/demo.toml`.
 
 Prints the CPU, every exact command with its wall times, and the table; `--rounds N`
@@ -80,28 +82,33 @@ def main() -> None:
     systems = ("nmt translate", "nmt translate --ray")
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
         folder = Path(tmp)
-        full, one = folder / "full.txt", folder / "one.txt"
+        full, half = folder / "full.txt", folder / "half.txt"
         full.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        one.write_text(lines[0] + "\n", encoding="utf-8")
+        half.write_text("".join(line + "\n" for line in lines[: len(lines) // 2]), encoding="utf-8")
         print(f"CPU: {cpu_description()}")
-        print(f"input: {len(lines):,} lines; blocks of {args.block_lines} lines\n")
-        startup: dict[str, list[float]] = {name: [] for name in systems}
-        wall: dict[str, list[float]] = {name: [] for name in systems}
+        print(
+            f"input: {len(lines):,} lines (and its first {len(lines) // 2:,}); blocks of "
+            f"{args.block_lines} lines\n"
+        )
+        walls: dict[str, list[float]] = {name: [] for name in systems}
+        halves: dict[str, list[float]] = {name: [] for name in systems}
         for _ in range(args.rounds):
             for name in systems:
                 command = system_command(name, args.model, args.block_lines)
                 out = folder / f"{systems.index(name)}.out"
-                startup[name].append(timed(command, one, folder / "one.out"))
-                wall[name].append(timed(command, full, out))
+                halves[name].append(timed(command, half, folder / "half.out"))
+                walls[name].append(timed(command, full, out))
                 print(f"$ {shlex.join(command)} -i INPUT -o OUTPUT")
-                print(f"  one line: {startup[name][-1]:.2f}s, all: {wall[name][-1]:.2f}s")
+                print(f"  half: {halves[name][-1]:.2f}s, all: {walls[name][-1]:.2f}s")
         same = (folder / "0.out").read_bytes() == (folder / "1.out").read_bytes()
         print(f"\noutputs identical: {same}\n")
     print(f"{'system':<22} {'start-up s':>10} {'sent/s':>8} {'x single machine':>17}")
     rates = {}
+    second_half = len(lines) - len(lines) // 2
     for name in systems:
-        up, total = statistics.median(startup[name]), statistics.median(wall[name])
-        rates[name] = len(lines) / max(total - up, 1e-9)
+        whole, first = statistics.median(walls[name]), statistics.median(halves[name])
+        rates[name] = second_half / max(whole - first, 1e-9)
+        up = first - (len(lines) // 2) / rates[name]
         ratio = rates[name] / rates[systems[0]]
         print(f"{name:<22} {up:>10.2f} {rates[name]:>8.1f} {ratio:>17.2f}")
 
