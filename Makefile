@@ -22,9 +22,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check nmt_cli tests bench
 	$(BIN)/mypy
 
+# The tests run in one worker process a core (pytest-xdist), each test file in one worker so
+# that a file's shared fixtures are made once; what several files share (trained models) is
+# made once for all workers (tests/fixtures/files.py: built_once). PYTEST_WORKERS=0 runs
+# everything in this process.
+PYTEST_WORKERS ?= auto
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+
 # Every test; the 15 slowest named at the end, so that a test that grew slow is seen.
 test: lint
-	$(BIN)/pytest tests --durations=15
+	$(BIN)/pytest tests $(PARALLEL) --durations=15
 
 # `nmt translate --ray` on local two-node Ray clusters alone (make test runs them too).
 test-ray: $(STAMP)
@@ -33,12 +40,12 @@ test-ray: $(STAMP)
 # The quick loop while working: every test but the long end-to-end ones (marked slow:
 # trainings, servers, clusters, subprocess start-ups), in under 2 minutes on 2 cores.
 test-fast: $(STAMP)
-	$(BIN)/pytest tests -m "not slow"
+	$(BIN)/pytest tests $(PARALLEL) -m "not slow"
 
 # The whole suite as an AVX2-only CPU runs it (no AVX-512 kernels, no bf16 units; oneDNN,
 # ATen and MKL capped too), on any machine: see nmt_cli/cpu_level.py.
 test-avx2: $(STAMP)
-	NMT_CPU_LEVEL=avx2 $(BIN)/pytest tests
+	NMT_CPU_LEVEL=avx2 $(BIN)/pytest tests $(PARALLEL)
 
 # The tests of every stage under the floor, 2.11 and newest torch, each in its own
 # virtual environment cached outside the checkout (.ci/torch_range says which).

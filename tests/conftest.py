@@ -7,6 +7,7 @@ would change one copies it to its own tmp_path first (tests/fixtures/files.py ch
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -14,6 +15,12 @@ from pathlib import Path
 import pytest
 
 from nmt_cli.cpu_level import apply_to_torch_environment
+
+# pytest-xdist's workers inherit the terminal's size as COLUMNS and LINES; rich's consoles,
+# made when nmt's commands are imported, would keep it for the session, where a plain run
+# has none and a test's own COLUMNS (CliRunner's env) takes effect. Every process alike:
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 # Before torch loads: NMT_CPU_LEVEL=avx2 (say) caps oneDNN and ATen too, so the whole suite
 # runs as on a CPU of that level.
@@ -28,7 +35,10 @@ from tests.fixtures.configs import tiny_model_config  # noqa: E402
 from tests.fixtures.files import shared_read_only, snapshot  # noqa: E402
 from tests.fixtures.translation_ckpt import RandomCheckpoints  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# Two threads at most, and the cores shared among pytest-xdist's workers when the suite
+# runs in several processes (`-n 2`): more threads than cores slow tiny models many-fold.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
 
 
 @pytest.fixture

@@ -534,7 +534,8 @@ def test_the_build_is_cached_per_source_and_torch_version(
         shutil.copytree(build._CSRC, source)
         (source / "cpu_level.cpp").write_text((source / "cpu_level.cpp").read_text() + "\n")
         monkeypatch.setattr(build, "SOURCES", [source / p.name for p in build.SOURCES])
-        assert entry() not in {here, newer, older}  # one changed byte of one source
+        monkeypatch.setattr(build, "INCLUDED", [source / p.name for p in build.INCLUDED])
+        assert entry() not in {here, newer, older}  # one changed byte of one included file
     finally:
         monkeypatch.undo()
         build._module_name.cache_clear()
@@ -550,7 +551,7 @@ def test_each_source_directory_builds_its_own_module(
     here = build._module_name()
     monkeypatch.setattr(build, "_CSRC", copy)
     monkeypatch.setattr(build, "SOURCES", [copy / p.name for p in build.SOURCES])
-    monkeypatch.setattr(build, "HEADERS", [copy / p.name for p in build.HEADERS])
+    monkeypatch.setattr(build, "INCLUDED", [copy / p.name for p in build.INCLUDED])
     build._module_name.cache_clear()
     try:
         assert build._module_name() != here

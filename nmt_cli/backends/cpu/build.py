@@ -7,6 +7,8 @@ attention over the SlotCache (csrc/attention.cpp), a log-softmax (csrc/log_softm
 and beam search's bookkeeping with its one-pass candidate selection (csrc/beam_topk.cpp);
 and, for training on a CPU, dropout's masks (csrc/dropout_mask.cpp) and the smoothed
 loss's sweep over the logits (csrc/smoothed_loss.cpp), through backends/cpu/training.py.
+The kernels compile as one translation unit (csrc/kernels.cpp includes them), the step
+and its bindings as the other.
 
 It is built with PyTorch's extension builder (a C++ compiler and ninja) once per source
 text, source directory, Python ABI and PyTorch version, into a per-user cache
@@ -48,23 +50,11 @@ import torch
 from nmt_cli.cpu_level import LEVELS, cpu_level
 
 _CSRC = Path(__file__).with_name("csrc")
-_NAMES = (
-    "decoder_step",
-    "bf16_linear",
-    "int8_linear",
-    "beam_topk",
-    "log_softmax",
-    "attention",
-    "dropout_mask",
-    "smoothed_loss",
-    "attention_train",
-    "cpu_level",
-)
-SOURCES = [_CSRC / f"{name}.cpp" for name in _NAMES]
-HEADERS = [
-    _CSRC / f"{name}.h"
-    for name in (*_NAMES[1:], "tiles", "simd_exp", "simd_lanes", "attention_train_body")
-]
+# Two translation units, compiled side by side: the decoder step with the Python bindings,
+# and every kernel (kernels.cpp includes their files, so that ATen's headers are read once).
+SOURCES = [_CSRC / "decoder_step.cpp", _CSRC / "kernels.cpp"]
+# What the two include: part of the module's name, as the sources are.
+INCLUDED = sorted(p for p in _CSRC.iterdir() if p.suffix in (".cpp", ".h") and p not in SOURCES)
 
 
 # OpenMP: `at::parallel_for` in the kernels runs on PyTorch's own OpenMP threads (its
@@ -98,7 +88,7 @@ def _module_name() -> str:
     digest.update(str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
     digest.update(f"builder {BUILDER_VERSION}".encode())
     digest.update(" ".join(CFLAGS + LDFLAGS).encode())  # tuples: the builder extends lists
-    for path in SOURCES + HEADERS:
+    for path in SOURCES + INCLUDED:
         digest.update(path.read_bytes())
     return f"nmt_decoder_step_{digest.hexdigest()[:16]}"
 

@@ -10,7 +10,12 @@
 // (tests/unit/test_compiled_step.py); what the Python side hands over is named, in one
 // table on each side (kContract here, nmt_cli/backends/cpu/contract.py there), compared
 // when the module is loaded.
-#include <torch/extension.h>
+// ATen and pybind11 with PyTorch's tensor conversions, not <torch/extension.h>: that
+// header also brings the whole C++ frontend (modules, optimizers, data loaders), which
+// none of this uses and which takes longer to read than all of this file's own code.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "attention.h"
 #include "attention_train.h"

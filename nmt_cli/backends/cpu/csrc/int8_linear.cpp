@@ -33,7 +33,7 @@ using tiles::kMaxRows;
 
 #define NMT_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
-struct Operands {
+struct Int8Operands {
   const uint8_t* x;       // (M, quads * 4) quantized rows, offset by 128
   const float* x_scale;   // (M)
   const int8_t* w;        // packed
@@ -47,7 +47,7 @@ struct Operands {
 };
 
 template <int R, int C>
-NMT_AVX512_VNNI void tile(const Operands& op, int64_t row, int64_t block) {
+NMT_AVX512_VNNI void int8_tile(const Int8Operands& op, int64_t row, int64_t block) {
   __m512i acc[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -89,12 +89,13 @@ NMT_AVX512_VNNI void tile(const Operands& op, int64_t row, int64_t block) {
   }
 }
 
-using TileFn = tiles::TileFn<Operands>;
+using Int8TileFn = tiles::TileFn<Int8Operands>;
 
 template <int R>
-constexpr TileFn kRowTiles[kMaxCols] = {tile<R, 1>, tile<R, 2>, tile<R, 3>, tile<R, 4>};
-constexpr const TileFn* kTiles[kMaxRows] = {kRowTiles<1>, kRowTiles<2>, kRowTiles<3>,
-                                            kRowTiles<4>};
+constexpr Int8TileFn kInt8RowTiles[kMaxCols] = {int8_tile<R, 1>, int8_tile<R, 2>,
+                                                 int8_tile<R, 3>, int8_tile<R, 4>};
+constexpr const Int8TileFn* kInt8Tiles[kMaxRows] = {kInt8RowTiles<1>, kInt8RowTiles<2>,
+                                                    kInt8RowTiles<3>, kInt8RowTiles<4>};
 
 // One row of x -> bytes q + 128 (q = round(x / s) to nearest even, |q| <= 127,
 // s = max |x| / 127; the padding to whole quads is 128, a zero), and s.
@@ -166,7 +167,7 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   for (int64_t r = 0; r < m; ++r) {
     quantize_row(xp + r * k, k, quads * 4, xq.data() + r * quads * 4, &x_scale[r]);
   }
-  const Operands op{xq.data(),
+  const Int8Operands op{xq.data(),
                     x_scale.data(),
                     packed.const_data_ptr<int8_t>(),
                     scale.const_data_ptr<float>(),
@@ -177,7 +178,7 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
                     quads,
                     n,
                     relu};
-  tiles::for_each_tile(op, m, blocks, k, 1 << 19, kTiles);
+  tiles::for_each_tile(op, m, blocks, k, 1 << 19, kInt8Tiles);
   return y;
 }
 
