@@ -80,14 +80,15 @@ def main() -> None:
     else:
         lines = [generate_pair(101, i)[0] for i in range(args.lines)]
     systems = ("nmt translate", "nmt translate --ray")
+    first_half = len(lines) // 2
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
         folder = Path(tmp)
         full, half = folder / "full.txt", folder / "half.txt"
         full.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        half.write_text("".join(line + "\n" for line in lines[: len(lines) // 2]), encoding="utf-8")
+        half.write_text("".join(line + "\n" for line in lines[:first_half]), encoding="utf-8")
         print(f"CPU: {cpu_description()}")
         print(
-            f"input: {len(lines):,} lines (and its first {len(lines) // 2:,}); blocks of "
+            f"input: {len(lines):,} lines (and its first {first_half:,}); blocks of "
             f"{args.block_lines} lines\n"
         )
         walls: dict[str, list[float]] = {name: [] for name in systems}
@@ -104,11 +105,11 @@ def main() -> None:
         print(f"\noutputs identical: {same}\n")
     print(f"{'system':<22} {'start-up s':>10} {'sent/s':>8} {'x single machine':>17}")
     rates = {}
-    second_half = len(lines) - len(lines) // 2
+    second_half = len(lines) - first_half
     for name in systems:
         whole, first = statistics.median(walls[name]), statistics.median(halves[name])
         rates[name] = second_half / max(whole - first, 1e-9)
-        up = first - (len(lines) // 2) / rates[name]
+        up = first - first_half / rates[name]
         ratio = rates[name] / rates[systems[0]]
         print(f"{name:<22} {up:>10.2f} {rates[name]:>8.1f} {ratio:>17.2f}")
 

@@ -168,16 +168,16 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
     quantize_row(xp + r * k, k, quads * 4, xq.data() + r * quads * 4, &x_scale[r]);
   }
   const Int8Operands op{xq.data(),
-                    x_scale.data(),
-                    packed.const_data_ptr<int8_t>(),
-                    scale.const_data_ptr<float>(),
-                    column_sum.const_data_ptr<int32_t>(),
-                    bias.has_value() ? bias->const_data_ptr<float>() : nullptr,
-                    residual.defined() ? residual.const_data_ptr<float>() : nullptr,
-                    y.data_ptr<float>(),
-                    quads,
-                    n,
-                    relu};
+                        x_scale.data(),
+                        packed.const_data_ptr<int8_t>(),
+                        scale.const_data_ptr<float>(),
+                        column_sum.const_data_ptr<int32_t>(),
+                        bias.has_value() ? bias->const_data_ptr<float>() : nullptr,
+                        residual.defined() ? residual.const_data_ptr<float>() : nullptr,
+                        y.data_ptr<float>(),
+                        quads,
+                        n,
+                        relu};
   tiles::for_each_tile(op, m, blocks, k, 1 << 19, kInt8Tiles);
   return y;
 }
