@@ -18,6 +18,7 @@ from typing import cast
 
 import pytest
 import torch
+import torch.nn.functional as F
 from decode_models import backend_decoder, decode_model, random_model, wrap
 from reverser import reverse_batch
 from torch import Tensor
@@ -25,7 +26,12 @@ from torch import Tensor
 from nmt_cli.backends.cpu import build
 from nmt_cli.backends.cpu.build import CompileError
 from nmt_cli.backends.cpu.decoder import CpuDecoder, kernel_advance
-from nmt_cli.backends.cpu.linear import Int8Linear, PackedLinear, packed_bf16_available
+from nmt_cli.backends.cpu.linear import (
+    Fp32Linear,
+    Int8Linear,
+    PackedLinear,
+    packed_bf16_available,
+)
 from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.core.beam_advance import torch_advance
 from nmt_cli.core.cache import DecoderCache
@@ -104,15 +110,18 @@ def test_the_few_row_bf16_kernel_computes_the_fused_products(
     assert three_d.shape == (1, rows, n) and torch.equal(three_d[0], packed(x))
 
 
+@pytest.mark.parametrize("level", ["native", "avx2"])
 @pytest.mark.parametrize("rows", [1, 4, 70])
 @pytest.mark.parametrize(("k", "n"), [(32, 48), (30, 50), (1024, 8)])
 def test_the_int8_kernel_quantizes_each_row_on_its_own(
-    kernel: ModuleType, rows: int, k: int, n: int
+    kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
 ) -> None:
     """Close to the float product (int8 keeps ~1% of each operand), the same for a row
-    whatever the other rows hold, and the ReLU and residual forms fused."""
+    whatever the other rows hold, and the ReLU and residual forms fused; on the VNNI
+    route and the AVX2 one."""
+    kernel = kernel_at(level)
     if not kernel.int8_kernel_available():
-        pytest.skip("this CPU has no AVX-512 VNNI")
+        pytest.skip("this CPU has no AVX2")
     g = torch.Generator().manual_seed(rows + n)
     w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
     x, r = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
@@ -126,6 +135,98 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     louder = x.clone()
     louder[1:] *= 100  # other rows' scales change, the first row's result does not
     assert torch.equal(layer(louder)[0], y[0])
+
+
+def _int8_reference(x: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """x W^T + b as the int8 kernel defines it, computed apart from it: each row of x and
+    of W quantized symmetrically (scale max |.| / 127, rounded half to even, as in
+    float32), the integer sums exact in int64, scaled in float64; and the bound of the
+    kernel's float32 epilogue: the sum and the scale product each rounded once to float32
+    and the fused multiply-add once (3 roundings of at most 2^-24 relative each), the bias
+    added exactly."""
+
+    def quantized(t: Tensor) -> tuple[Tensor, Tensor]:
+        scale = t.abs().amax(1) / 127.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        inverse = 1.0 / scale
+        return torch.round(t * inverse[:, None]).clamp(-127, 127).long(), scale.double()
+
+    (qx, sx), (qw, sw) = quantized(x), quantized(w)
+    product = (qx @ qw.T).double() * sx[:, None] * sw[None, :]
+    return product + b.double(), 3 * 2.0**-24 * product.abs() + 1e-30
+
+
+@pytest.mark.parametrize("level", ["native", "avx2"])
+@pytest.mark.parametrize(("rows", "k", "n"), [(1, 512, 512), (5, 37, 23), (9, 2048, 40)])
+def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
+    kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
+) -> None:
+    """Every weight and every activation at the top of its range, half of them negative:
+    each pair of products is 2 x 127 x 127 = 32,258, at the edge of a 16-bit sum (the AVX2
+    route's `vpmaddubsw`; an unsigned q + 128 there would saturate at 32,767), and the
+    sums of K of them far past it. The result is the independent integer reference to the
+    rounding of its float32 epilogue. Ragged K and N reach the masked tails."""
+    kernel = kernel_at(level)
+    if not kernel.int8_kernel_available():
+        pytest.skip("this CPU has no AVX2")
+    g = torch.Generator().manual_seed(k)
+    signs = lambda *shape: torch.randint(0, 2, shape, generator=g).float() * 2 - 1  # noqa: E731
+    w = signs(n, k) * (1 + 0.001 * torch.rand(n, k, generator=g))
+    x = signs(rows, k) * (1 + 0.001 * torch.rand(rows, k, generator=g))
+    x[0] = w[0]  # one row the same signs as a weight row: its sum is +127 x 127 x K
+    b = torch.randn(n, generator=g)
+    want, bound = _int8_reference(x, w, b)
+    got = Int8Linear.of(w, b, kernel)(x).double()
+    assert ((got - want).abs() <= bound).all()
+    assert got[0, 0] > 0.99 * k  # the aligned row: every product at its maximum
+
+
+def test_the_avx2_route_gives_the_vnni_routes_bits(
+    kernel_at: Callable[[str], ModuleType],
+) -> None:
+    """Both routes sum the same integers exactly and scale them with the same float32
+    operations, so a model decodes the same on an AVX2 CPU as on a VNNI one."""
+    if not kernel_at("native").int8_vnni_available():
+        pytest.skip("this CPU has no AVX-512 VNNI to compare with")
+    g = torch.Generator().manual_seed(9)
+    w, b = torch.randn(70, 300, generator=g), torch.randn(70, generator=g)
+    x, r = torch.randn(13, 300, generator=g), torch.randn(13, 70, generator=g)
+    outputs = {}
+    for level in ("native", "avx2"):
+        layer = Int8Linear.of(w, b, kernel_at(level))
+        outputs[level] = (layer(x), layer.relu(x), layer.add(x, r))
+    assert not kernel_at("avx2").int8_vnni_available()
+    for native, avx2 in zip(outputs["native"], outputs["avx2"], strict=True):
+        assert torch.equal(native, avx2)
+
+
+@pytest.mark.parametrize(("k", "n"), [(512, 40), (37, 23), (2048, 16)])
+def test_the_fp32_kernel_is_the_exact_product_to_k_roundings_and_alike_in_any_batch(
+    kernel_at: Callable[[str], ModuleType], k: int, n: int
+) -> None:
+    """Against float64: within K + 2 roundings of 2^-24 of |x| |W|^T + |b| (+ |r|), in each
+    fused form; a row's result the same bits whatever rows share its tile (1 to 4 rows take
+    different register tiles); from kernel_rows + 1 rows on, PyTorch's product itself."""
+    kernel = kernel_at("avx2")
+    if not kernel.fp32_kernel_available():
+        pytest.skip("this CPU has no AVX2")
+    g = torch.Generator().manual_seed(k + n)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    x, r = torch.randn(7, k, generator=g), torch.randn(7, n, generator=g)
+    layer = Fp32Linear.of(w, b, kernel)
+    exact = x.double() @ w.double().T + b.double()
+    size = x.double().abs() @ w.double().abs().T + b.double().abs()
+    for got, want, scale in (
+        (layer(x), exact, size),
+        (layer.relu(x), exact.clamp(min=0), size),
+        (layer.add(x, r), exact + r.double(), size + r.double().abs()),
+    ):
+        assert ((got.double() - want).abs() <= (k + 2) * 2.0**-24 * scale).all()
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(7)])
+    assert all(torch.equal(layer(x[:rows]), alone[:rows]) for rows in range(1, 8))
+    assert torch.equal(layer(x), alone)
+    many = torch.randn(kernel.fp32_kernel_rows() + 1, k, generator=g)
+    assert torch.equal(layer(many), F.linear(many, w, b))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -386,7 +487,7 @@ def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int)
         return beam_search(model, src, beam, max_len_b=12, nbest=beam)
 
     _same_hypotheses(run(), _python_step([model], run))
-    if precision == "fp32":  # PyTorch's arithmetic throughout, as without the module
+    if precision == "fp32" and model.own_arithmetic is None:  # PyTorch's products (AVX-512)
         _same_hypotheses(
             run(),
             beam_search(  # PyTorch's arithmetic with the module's candidate selection
@@ -413,7 +514,7 @@ def test_sentences_that_finish_leave_the_batch_the_same_way(
 def test_an_int8_sentence_translates_the_same_alone_and_in_a_batch(kernel: ModuleType) -> None:
     model = decode_model("int8", kernel, compiled=True)
     if not kernel.int8_kernel_available():
-        pytest.skip("this CPU has no AVX-512 VNNI: PyTorch's int8 scales the batch at once")
+        pytest.skip("this CPU has no AVX2: PyTorch's int8 scales the batch at once")
     src = torch.randint(4, 50, (5, 7), generator=torch.Generator().manual_seed(2))
     src[:, -1] = 3  # equal lengths: no padding, whose softmax sums differ in the last bit
     together = beam_search(model, src, 4, max_len_b=10)
@@ -447,8 +548,9 @@ def test_an_ensemble_of_compiled_members_decodes_as_their_python_steps(
 def test_attention_weights_are_recorded_by_the_python_step(
     kernel: ModuleType, precision: str
 ) -> None:
-    """fp32: PyTorch's weights, as without the module; bf16: the attention kernel's,
-    close to PyTorch's over the reference cache."""
+    """fp32 on PyTorch's products: PyTorch's weights, as without the module; fp32 on the
+    module's (AVX2): the same to float32's rounding; bf16: the attention kernel's, close to
+    PyTorch's over the reference cache."""
     reference = beam_search(decode_model(precision), _sources(), 2, max_len_b=8, need_weights=True)
     model = decode_model(precision, kernel, compiled=True)
     got = beam_search(model, _sources(), 2, max_len_b=8, need_weights=True)
@@ -457,8 +559,10 @@ def test_attention_weights_are_recorded_by_the_python_step(
         assert a[0].attention is not None and b[0].attention is not None
         for step_a, step_b in zip(a[0].attention, b[0].attention, strict=True):
             for x, y in zip(step_a, step_b, strict=True):
-                if precision == "fp32":
+                if precision == "fp32" and model.own_arithmetic is None:
                     assert torch.equal(x, y)
+                elif precision == "fp32":
+                    assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
                 else:
                     assert x.shape == y.shape and torch.allclose(x, y, atol=2e-2)
 

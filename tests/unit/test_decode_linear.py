@@ -7,13 +7,14 @@ the same tokens and scores as recomputing every prefix through the teacher-force
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from types import ModuleType
 
 import pytest
 import torch
 import torch.nn.functional as F
-from decode_models import wrap
+from decode_models import random_model, wrap
 from recompute import FullRecompute
 from reverser import reverse_batch
 from torch import Tensor, nn
@@ -23,6 +24,7 @@ from nmt_cli.backends.cpu.decoder import CpuDecoder, cpu_decoders
 from nmt_cli.backends.cpu.linear import (
     DecodeLinear,
     DecodeLinears,
+    Fp32Linear,
     Int8Linear,
     PackedLinear,
     packed_bf16_available,
@@ -35,6 +37,7 @@ from nmt_cli.core.precision import resolve_decode_precision
 from nmt_cli.core.search import beam_search, greedy_search
 from nmt_cli.core.step_linear import linear, linear_add, linear_relu
 from nmt_cli.core.transformer import ModelConfig, Transformer
+from nmt_cli.cpu_level import LEVELS
 from nmt_cli.errors import NmtError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -121,19 +124,24 @@ def _arithmetic_bound(
     bound = (k + 2) * 2**-24 * size
     if isinstance(layer, PackedLinear):
         return bound + 2**-8 * (x64 @ w64.T + b.double() + added).abs()
+    if not isinstance(layer, Int8Linear):  # float32 throughout
+        return bound
     dw = (w64.abs().amax(1) / 127 / 2)[None, :]  # one per output row
     dx = (x64.clamp(min=0).max() - x64.clamp(max=0).min()) / 127
     terms = dw * x64.abs().sum(1, keepdim=True) + dx * w64.abs().sum(1)[None, :] + k * dw * dx
     return bound + terms
 
 
+@pytest.mark.parametrize("level", ["native", "avx2"])
 def test_each_implementation_equals_the_reference_within_its_arithmetic(
-    kernel: ModuleType,
+    kernel_at: Callable[[str], ModuleType], level: str
 ) -> None:
-    """Every linear layer the CPU backend declares that runs here, made as the planner
-    makes it, against core's reference (`linear`, `linear_relu`, `linear_add` over an
-    `nn.Linear`) in float64 on the same inputs: within `_arithmetic_bound`, in each of
-    its three forms, and not merely the reference under another name (int8 is off)."""
+    """Every linear layer the CPU backend declares that runs here (at this CPU's level and
+    at AVX2's), made as the planner makes it, against core's reference (`linear`,
+    `linear_relu`, `linear_add` over an `nn.Linear`) in float64 on the same inputs: within
+    `_arithmetic_bound`, in each of its three forms, and not merely the reference under
+    another name (int8 is off)."""
+    kernel = kernel_at(level)
     g = torch.Generator().manual_seed(11)
     ran = []
     for implementation in cpu_linear.implementations():
@@ -162,6 +170,29 @@ def test_each_implementation_equals_the_reference_within_its_arithmetic(
             assert not torch.equal(linear(layer, x).double(), linear(exact, x.double()))
         ran.append(implementation.name)
     assert any("quantized" in name for name in ran)  # PyTorch's int8 runs everywhere
+    if level == "avx2":  # the module's fp32 and int8 kernels run at AVX2
+        assert any("AVX2 fp32" in name for name in ran)
+        assert any("AVX2 kernel" in name for name in ran)
+
+
+@pytest.mark.parametrize("level", ["native", "avx2"])
+def test_fp32_decoding_takes_the_modules_products_only_where_avx2_runs_pytorchs(
+    kernel_at: Callable[[str], ModuleType], level: str
+) -> None:
+    """Where the CPU level in force is AVX2, MKL's few-row products cost more than the
+    arithmetic and the module's kernel takes them; on AVX-512 CPUs PyTorch's own product
+    stays, exact, and the planner says why."""
+    kernel = kernel_at(level)
+    target = Target(torch.device("cpu"), False, kernel=kernel, precision="fp32")
+    chosen = machine_plan(target)
+    decoder = wrap(random_model(), "fp32", kernel)
+    if LEVELS[kernel.cpu_level()] == "avx2":
+        assert chosen.operations.linear == DecodeLinears(Fp32Linear, kernel)
+        assert isinstance(decoder.projection, Fp32Linear)
+        assert decoder.own_arithmetic is kernel  # the log-softmax is PyTorch's at AVX2 too
+    else:
+        assert "PyTorch's own few-row products are as fast" in chosen.choice("linear").describe()
+        assert decoder.projection is None and decoder.own_arithmetic is None
 
 
 def _module_types(model: nn.Module) -> dict[str, type]:

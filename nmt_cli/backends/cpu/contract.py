@@ -30,6 +30,17 @@ class PlainLinearSpec:
 
 
 @dataclass(frozen=True)
+class Fp32RowsSpec:
+    """backends/cpu/linear.py's Fp32Linear: the weight as it is (PyTorch's product for many
+    rows) and the module's layout of it (its AVX2 kernel for few)."""
+
+    kind: ClassVar[str] = "fp32_rows"
+    weight: Tensor
+    rows: Tensor
+    bias: Tensor | None
+
+
+@dataclass(frozen=True)
 class PackedLinearSpec:
     """backends/cpu/linear.py's PackedLinear: oneDNN's packed bf16 weight, and the module's
     layout of it where its kernel runs (`rows`)."""
@@ -64,7 +75,7 @@ class Int8Spec:
     reduce_range: bool
 
 
-LinearSpec = PlainLinearSpec | PackedLinearSpec | Int8RowsSpec | Int8Spec
+LinearSpec = PlainLinearSpec | Fp32RowsSpec | PackedLinearSpec | Int8RowsSpec | Int8Spec
 
 
 @dataclass(frozen=True)

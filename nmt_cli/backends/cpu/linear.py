@@ -1,4 +1,4 @@
-"""Linear layers re-laid-out once for decoding on a CPU: packed bf16 and dynamic int8.
+"""Linear layers re-laid-out once for decoding on a CPU: fp32 on AVX2, packed bf16, int8.
 
 A trained model's `nn.Linear` layers are right for training, where weights change every
 step. Decoding calls the same few matrices thousands of times with a handful of rows
@@ -13,11 +13,19 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   to 32 sentences at beam 4) run there: oneDNN's fixed cost a call is most of a product
   of a few rows, the module's kernel has none, and from 256 rows on the two are even
   (BENCHMARKS.md).
+- fp32 on CPUs whose level in force is AVX2 (no AVX-512): `Fp32Linear` keeps the weight
+  as it is and, given the compiled module, in its layout too: products of up to 32 rows
+  (a beam-4 step of up to 8 sentences) run on the module's AVX2 kernel, 1.2-2.5x faster
+  than MKL's at 1-16 rows there, where MKL's blocking costs more than the arithmetic;
+  more rows stay PyTorch's (BENCHMARKS.md). Its sums run in order of K, so an fp32 model
+  decodes within float32's rounding of PyTorch's product, not bit for bit. On AVX-512
+  CPUs MKL's own few-row products are as fast, and fp32 keeps PyTorch's, exactly.
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
-  PyTorch's `quantize_dynamic` do): per row in the compiled module's VNNI kernel where
-  there is one, else per call through PyTorch's own quantized kernels (fbgemm or
-  oneDNN). Everything else stays float32.
+  PyTorch's `quantize_dynamic` do): per row in the compiled module's kernel (AVX-512
+  VNNI, or AVX2 with the same results) where the module is loaded, else per call
+  through PyTorch's own quantized kernels (fbgemm or oneDNN). Everything else stays
+  float32.
 
 Both are core/step_linear.py's `StepLinear`s, so the model's own decoder step calls
 them with its ReLU and residual adds fused. They are this backend's implementations of
@@ -45,7 +53,7 @@ from torch import Tensor
 
 from nmt_cli.backends.plan import Implementation, Target
 from nmt_cli.core.step_linear import StepLinear
-from nmt_cli.cpu_level import cpu_flags, cpu_level
+from nmt_cli.cpu_level import LEVELS, cpu_flags, cpu_level
 from nmt_cli.errors import NmtError
 
 
@@ -100,6 +108,41 @@ class DecodeLinear(StepLinear):
     def shape_free_rows(self) -> float:
         """Up to how many rows a product builds no kernel for a new shape."""
         raise NotImplementedError
+
+
+class Fp32Linear(DecodeLinear):
+    """y = x W^T + b in float32: the compiled module's AVX2 kernel up to its rows
+    (`kernel.fp32_kernel_rows()`, csrc/fp32_linear.cpp), PyTorch's product above them,
+    the ReLU and the residual add fused into the kernel's store."""
+
+    weight: Tensor
+    bias: Tensor | None
+    rows: Tensor  # the weight in the kernel's layout
+
+    def load(self, weight: Tensor, bias: Tensor | None) -> None:
+        assert self.kernel is not None, "Fp32Linear is the module's layer"
+        self.weight = weight.detach().float().contiguous()
+        self.bias = None if bias is None else bias.detach().float()
+        self.rows = self.kernel.pack_fp32(self.weight)
+
+    def _rows(self, x: Tensor, residual: Tensor | None, relu: bool) -> Tensor:
+        assert self.kernel is not None
+        return cast(
+            Tensor, self.kernel.rows_linear(x, self.weight, self.rows, self.bias, residual, relu)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._rows(x, None, False)
+
+    def relu(self, x: Tensor) -> Tensor:
+        return self._rows(x, None, True)
+
+    def add(self, x: Tensor, residual: Tensor) -> Tensor:
+        return self._rows(x, residual, False)
+
+    def shape_free_rows(self) -> float:
+        """Neither the kernel nor PyTorch's float32 product builds a kernel per shape."""
+        return math.inf
 
 
 class PackedLinear(DecodeLinear):
@@ -160,11 +203,11 @@ class Int8Linear(DecodeLinear):
     """y ~ x W^T + b with int8 weights (one scale per output row) and int8 activations,
     accumulated in int32, returned in float32.
 
-    With the compiled module (`kernel`, on a CPU with AVX-512 VNNI) each input row is
-    quantized with its own scale (csrc/int8_linear.cpp): a sentence's result does
-    not depend on the rest of its batch, and there is no fixed cost a call (faster than
-    PyTorch's at every size, most at a few rows: BENCHMARKS.md). Otherwise PyTorch's
-    dynamic quantized kernel, which quantizes the whole input with one scale."""
+    With the compiled module (`kernel`, on a CPU with AVX2 or more) each input row is
+    quantized with its own scale to 8 bits (csrc/int8_linear.cpp; its AVX2 route keeps
+    8-bit activations exact without VNNI): a sentence's result does not depend on the
+    rest of its batch, and there is no fixed cost a call (BENCHMARKS.md). Otherwise
+    PyTorch's dynamic quantized kernel, which quantizes the whole input with one scale."""
 
     bias: Tensor | None
     rows: Tensor  # with `kernel`: the int8 weight in its layout, scales, column sums
@@ -266,8 +309,10 @@ class DecodeLinears:
 def implementations() -> list[Implementation]:
     """The linear layers of a model decoding on a CPU, fastest first: in bf16 the module's
     kernel (with oneDNN's for many rows), then oneDNN's alone; in int8 the module's
-    kernel, then PyTorch's quantized kernels. An fp32 model keeps core's reference,
-    PyTorch's own product, which builds no kernel per shape and is exact."""
+    kernel (its VNNI route, else its AVX2 one, which give the same results), then
+    PyTorch's quantized kernels; in fp32, where the level in force is AVX2, the module's
+    kernel for few rows, and otherwise core's reference, PyTorch's own product, which
+    builds no kernel per shape and is exact."""
 
     def onednn_refuses(target: Target) -> str | None:
         if packed_bf16_available():
@@ -284,6 +329,15 @@ def implementations() -> list[Implementation]:
 
         return refuses
 
+    def module_fp32_refuses(target: Target) -> str | None:
+        refusal = module_refuses("fp32_kernel_available", "avx2")(target)
+        if refusal is not None or target.kernel is None:
+            return refusal
+        level = LEVELS[target.kernel.cpu_level()]  # the level the module's kernels run at
+        if LEVELS.index(level) >= LEVELS.index("avx512"):
+            return f"at the CPU level {level} PyTorch's own few-row products are as fast"
+        return None
+
     def module_bf16_refuses(target: Target) -> str | None:  # oneDNN's for many rows
         module = module_refuses("bf16_kernel_available", "avx512_bf16")
         return module(target) or onednn_refuses(target)
@@ -296,6 +350,13 @@ def implementations() -> list[Implementation]:
     bits = "8-bit" if cpu_has_vnni() else "7-bit"
     engine = torch.backends.quantized.engine
     return [
+        Implementation(
+            "linear",
+            "the module's AVX2 fp32 kernel for few rows, PyTorch's product for more",
+            module_fp32_refuses,
+            lambda target: DecodeLinears(Fp32Linear, target.kernel),
+            "cpu", training=False, precision="fp32",
+        ),
         Implementation(
             "linear",
             "the module's AVX-512 BF16 kernel for few rows, oneDNN's packed bf16 for more",
@@ -313,7 +374,14 @@ def implementations() -> list[Implementation]:
         Implementation(
             "linear",
             "the module's AVX-512 VNNI kernel (a scale per row)",
-            module_refuses("int8_kernel_available", "avx512_vnni"),
+            module_refuses("int8_vnni_available", "avx512_vnni"),
+            lambda target: DecodeLinears(Int8Linear, target.kernel),
+            "cpu", training=False, precision="int8",
+        ),
+        Implementation(
+            "linear",
+            "the module's AVX2 kernel (a scale per row, 8-bit activations, exact 16-bit pairs)",
+            module_refuses("int8_kernel_available", "avx2"),
             lambda target: DecodeLinears(Int8Linear, target.kernel),
             "cpu", training=False, precision="int8",
         ),

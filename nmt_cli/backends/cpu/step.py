@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.backends.cpu.contract import (
+    Fp32RowsSpec,
     Int8RowsSpec,
     Int8Spec,
     LayerSpec,
@@ -29,7 +30,7 @@ from nmt_cli.backends.cpu.contract import (
     as_arguments,
     check_contract,
 )
-from nmt_cli.backends.cpu.linear import Int8Linear, PackedLinear
+from nmt_cli.backends.cpu.linear import Fp32Linear, Int8Linear, PackedLinear
 from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.layer_map import DECODER
@@ -39,6 +40,8 @@ from nmt_cli.core.transformer import DecoderLayer, Transformer
 
 def linear_spec(layer: nn.Module) -> LinearSpec:
     """How the C++ step calls a linear layer: what backends/cpu/linear.py made of it."""
+    if isinstance(layer, Fp32Linear):
+        return Fp32RowsSpec(layer.weight, layer.rows, layer.bias)
     if isinstance(layer, PackedLinear):
         return PackedLinearSpec(layer.packed, layer.bias, layer.rows, layer.out_features)
     if isinstance(layer, Int8Linear):

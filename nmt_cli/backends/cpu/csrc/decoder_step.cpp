@@ -23,6 +23,7 @@
 #include "bf16_linear.h"
 #include "cpu_level.h"
 #include "dropout_mask.h"
+#include "fp32_linear.h"
 #include "int8_linear.h"
 #include "log_softmax.h"
 #include "smoothed_loss.h"
@@ -51,6 +52,7 @@ const std::map<std::string, Fields> kContract = {
     {"norm", {"weight", "bias"}},
     {"linear.plain", {"weight", "bias"}},
     {"linear.packed", {"packed", "bias", "rows", "out_features"}},
+    {"linear.fp32_rows", {"weight", "rows", "bias"}},
     {"linear.int8_rows", {"rows", "scale", "column_sum", "bias", "out_features"}},
     {"linear.int8", {"weight", "bias", "reduce_range"}},
     // Per layer, the cache's attributes a step reads (and, over the prefix cache, writes).
@@ -85,12 +87,12 @@ OptTensor state(const py::handle& layer, const char* name) {
   return optional(layer.attr(name));
 }
 // A linear layer as the Python side built it (backends/cpu/linear.py): a plain nn.Linear
-// (fp32), a packed bf16 one (oneDNN's layout, and this module's for few rows), an int8
-// one for this module's per-row kernel, or PyTorch's dynamically quantized int8 weight
-// (CPUs without AVX-512 VNNI).
+// (fp32), an fp32 one with this module's layout for few rows (AVX2 CPUs), a packed bf16
+// one (oneDNN's layout, and this module's for few rows), an int8 one for this module's
+// per-row kernel, or PyTorch's dynamically quantized int8 weight (no compiled kernel).
 class Linear {
  public:
-  enum class Kind { kPlain, kPacked, kInt8, kInt8Rows };
+  enum class Kind { kPlain, kFp32Rows, kPacked, kInt8, kInt8Rows };
 
   explicit Linear(const py::dict& spec) {
     const auto kind = spec["kind"].cast<std::string>();
@@ -98,6 +100,11 @@ class Linear {
     if (kind == "plain") {
       kind_ = Kind::kPlain;
       weight_ = get<Tensor>(spec, structure, "weight");
+      bias_ = optional(field(spec, structure, "bias"));
+    } else if (kind == "fp32_rows") {  // fp32: the weight, and the kernel's layout of it
+      kind_ = Kind::kFp32Rows;
+      weight_ = get<Tensor>(spec, structure, "weight");
+      rows_packed_ = get<Tensor>(spec, structure, "rows");
       bias_ = optional(field(spec, structure, "bias"));
     } else if (kind == "packed") {  // bf16: oneDNN's packed weight, and maybe the kernel's
       kind_ = Kind::kPacked;
@@ -131,8 +138,12 @@ class Linear {
   // max(0, x W^T + b): fused into the product except for plain layers.
   Tensor relu(const Tensor& x) const { return run(x, true); }
 
-  // residual + x W^T + b: fused into the module's products (bf16, int8 by rows).
+  // residual + x W^T + b: fused into the module's products (fp32 and bf16 for few rows,
+  // int8 by rows).
   Tensor add(const Tensor& x, const Tensor& residual) const {
+    if (kind_ == Kind::kFp32Rows) {
+      return nmt::rows_linear(x, weight_, *rows_packed_, bias_, residual, false);
+    }
     if (kind_ == Kind::kPacked) {
       return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, residual, false);
     }
@@ -149,6 +160,8 @@ class Linear {
         Tensor y = at::linear(x, weight_, bias_);
         return relu ? at::relu(y) : y;
       }
+      case Kind::kFp32Rows:
+        return nmt::rows_linear(x, weight_, *rows_packed_, bias_, std::nullopt, relu);
       case Kind::kPacked:
         return nmt::packed_linear(x, weight_, rows_packed_, n_, bias_, std::nullopt, relu);
       case Kind::kInt8:
@@ -363,6 +376,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         {"attention", nmt::attention_kernel_available()},
         {"attention_train", nmt::attention_train_vectorized()},
         {"bf16_linear", nmt::bf16_kernel_available()},
+        {"fp32_linear", nmt::fp32_kernel_available()},
         {"int8_linear", nmt::int8_kernel_available()},
         {"log_softmax", nmt::log_softmax_vectorized()},
         {"smoothed_loss", nmt::smoothed_loss_vectorized()},
@@ -374,7 +388,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_rows", [] { return nmt::kKernelRows; });
   m.def("beam_topk", &nmt::beam_topk);
   m.def("beam_advance", &nmt::beam_advance);
+  m.def("fp32_kernel_available", &nmt::fp32_kernel_available);
+  m.def("pack_fp32", &nmt::pack_fp32);
+  m.def("fp32_linear", &nmt::fp32_linear);
+  m.def("rows_linear", &nmt::rows_linear);
+  m.def("fp32_kernel_rows", [] { return nmt::kFp32KernelRows; });
   m.def("int8_kernel_available", &nmt::int8_kernel_available);
+  m.def("int8_vnni_available", &nmt::int8_vnni_available);
   m.def("pack_int8", &nmt::pack_int8);
   m.def("int8_linear", &nmt::int8_linear);
   m.def("fast_log_softmax", &nmt::fast_log_softmax);

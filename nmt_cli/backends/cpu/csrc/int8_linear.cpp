@@ -1,13 +1,21 @@
-// int8 matrix products with per-row dynamic quantization, with AVX-512 VNNI.
+// int8 matrix products with per-row dynamic quantization, with AVX-512 VNNI or AVX2.
 //
 // `--precision int8` stores each weight row as int8 with its own scale. PyTorch's dynamic
 // quantized linear (fbgemm) quantizes its input with one scale for the whole call, so a
 // row's result depends on the other rows in the batch, and it spends a fixed time a call
 // on its own bookkeeping. Here each input row gets its own scale (as CTranslate2 does), so
-// a sentence translates the same in any batch, and there is no fixed cost: the row is
-// quantized once to unsigned bytes (q + 128), `vpdpbusd` multiplies four of them by four
-// int8 weights of 16 output columns at a time into int32, and the offset of 128 is taken
-// back out with the weights' column sums: y = (acc - 128 sum_k w) s_x s_w + b.
+// a sentence translates the same in any batch, and there is no fixed cost. Each row is
+// quantized once to q = round(x / s), |q| <= 127, and the int32 sums sum_k q_k w_k are
+// exact on both routes, so both give the same bits:
+// - AVX-512 VNNI: the row as unsigned bytes q + 128; `vpdpbusd` multiplies four of them by
+//   four int8 weights of 16 output columns at a time into int32, and the offset is taken
+//   back out with the weights' column sums: acc - 128 sum_k w_k.
+// - AVX2 (no VNNI): `vpmaddubsw` multiplies unsigned by signed bytes and adds each pair into
+//   a 16-bit sum that saturates; fbgemm's answer is 7-bit activations. Here the unsigned
+//   operand is |w| and the signed one q with w's sign moved onto it (`vpsignb`): each
+//   product is at most 127 x 127, a pair at most 32,258 < 32,767, so nothing saturates and
+//   8-bit activations stay exact. `vpmaddwd` by ones widens the pairs into int32.
+// y = acc s_x s_w + b, the ReLU and the residual applied before the one store.
 #include "int8_linear.h"
 #include "cpu_level.h"
 
@@ -89,6 +97,52 @@ NMT_AVX512_VNNI void int8_tile(const Int8Operands& op, int64_t row, int64_t bloc
   }
 }
 
+#define NMT_AVX2 __attribute__((target("avx2,fma")))
+
+// The same tile without VNNI, eight columns (half a block) at a time, so that the R
+// accumulators, the half's weights, their magnitudes and the operands in flight stay in
+// AVX2's sixteen registers. `op.x` holds q itself (no offset); `op.w_sum` is not needed.
+template <int R, int C>
+NMT_AVX2 void int8_tile_avx2(const Int8Operands& op, int64_t row, int64_t first_block) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* x = op.x + row * op.quads * 4;
+  for (int64_t half = first_block * 2; half < (first_block + C) * 2; ++half) {
+    const int64_t col = half * 8;
+    const int64_t valid = std::min<int64_t>(8, op.n - col);
+    if (valid <= 0) break;
+    __m256i acc[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+    // Block b's quad p holds its 16 columns' 4 bytes each: this half's are 32 of them.
+    const int8_t* w = op.w + (half / 2) * op.quads * kLanes * 4 + (half % 2) * 32;
+    for (int64_t p = 0; p < op.quads; ++p) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kLanes * 4));
+      const __m256i magnitude = _mm256_abs_epi8(wv);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, x + (r * op.quads + p) * 4, sizeof quad);
+        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(quad), wv);
+        const __m256i pairs = _mm256_maddubs_epi16(magnitude, signed_x);
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    // Lanes past the last column: masked loads read zeros, masked stores write nothing.
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(valid)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 w_scale = _mm256_maskload_ps(op.w_scale + col, mask);
+    const __m256 bias = op.bias ? _mm256_maskload_ps(op.bias + col, mask) : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const __m256 scale = _mm256_mul_ps(w_scale, _mm256_set1_ps(op.x_scale[row + r]));
+      __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), scale, bias);
+      if (op.relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
+      const int64_t at = (row + r) * op.n + col;
+      if (op.residual) v = _mm256_add_ps(v, _mm256_maskload_ps(op.residual + at, mask));
+      _mm256_maskstore_ps(op.y + at, mask, v);
+    }
+  }
+}
+
 using Int8TileFn = tiles::TileFn<Int8Operands>;
 
 template <int R>
@@ -96,40 +150,60 @@ constexpr Int8TileFn kInt8RowTiles[kMaxCols] = {int8_tile<R, 1>, int8_tile<R, 2>
                                                  int8_tile<R, 3>, int8_tile<R, 4>};
 constexpr const Int8TileFn* kInt8Tiles[kMaxRows] = {kInt8RowTiles<1>, kInt8RowTiles<2>,
                                                     kInt8RowTiles<3>, kInt8RowTiles<4>};
+template <int R>
+constexpr Int8TileFn kInt8Avx2RowTiles[kMaxCols] = {int8_tile_avx2<R, 1>, int8_tile_avx2<R, 2>,
+                                                     int8_tile_avx2<R, 3>, int8_tile_avx2<R, 4>};
+constexpr const Int8TileFn* kInt8Avx2Tiles[kMaxRows] = {
+    kInt8Avx2RowTiles<1>, kInt8Avx2RowTiles<2>, kInt8Avx2RowTiles<3>, kInt8Avx2RowTiles<4>};
 
-// One row of x -> bytes q + 128 (q = round(x / s) to nearest even, |q| <= 127,
-// s = max |x| / 127; the padding to whole quads is 128, a zero), and s.
-NMT_AVX512_VNNI void quantize_row(const float* x, int64_t k, int64_t padded, uint8_t* out,
-                                  float* scale) {
-  const int64_t whole = k / kLanes * kLanes;
-  __m512 vmax = _mm512_setzero_ps();
-  for (int64_t i = 0; i < whole; i += kLanes) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-  float amax = _mm512_reduce_max_ps(vmax);
+// One row of x -> bytes q + offset (q = round(x / s) to nearest even, |q| <= 127,
+// s = max |x| / 127; the padding to whole quads is q = 0), and s. `offset` is 128 for the
+// VNNI route's unsigned bytes (q + 128 is q with its top bit flipped) and 0 for AVX2's.
+NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, uint8_t offset,
+                           uint8_t* out, float* scale) {
+  constexpr int64_t kStep = 32;  // four vectors of floats -> one of bytes
+  const int64_t whole = k / kStep * kStep;
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  __m256 vmax = _mm256_setzero_ps();
+  for (int64_t i = 0; i < whole; i += 8) {
+    vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(x + i)));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float amax = *std::max_element(lanes, lanes + 8);
   for (int64_t i = whole; i < k; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
   const float inv = 1.0f / s;
-  const __m512 vinv = _mm512_set1_ps(inv);
-  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-  const __m512i offset = _mm512_set1_epi32(128);
-  for (int64_t i = 0; i < whole; i += kLanes) {
-    const __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512i u = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), offset);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(u));
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(offset));
+  // packs interleaves the 128-bit halves; this puts the 32 bytes back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t i = 0; i < whole; i += kStep) {
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), vinv),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      q[j] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+    }
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm256_xor_si256(_mm256_permutevar8x32_epi32(bytes, order), flip));
   }
   for (int64_t i = whole; i < k; ++i) {
-    const float q = std::nearbyint(x[i] * inv);
-    out[i] = static_cast<uint8_t>(static_cast<int32_t>(std::clamp(q, -127.0f, 127.0f)) + 128);
+    const float q = std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
+    out[i] = static_cast<uint8_t>(static_cast<int32_t>(q) + offset);
   }
-  for (int64_t i = k; i < padded; ++i) out[i] = 128;
+  std::fill(out + k, out + padded, offset);
   *scale = s;
 }
 
 }  // namespace
 
-bool int8_kernel_available() {
-  return cpu_level_at_least(CpuLevel::kAvx512Vnni);
-}
+bool int8_kernel_available() { return cpu_level_at_least(CpuLevel::kAvx2); }
+
+bool int8_vnni_available() { return cpu_level_at_least(CpuLevel::kAvx512Vnni); }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight_in) {
   TORCH_CHECK(weight_in.dim() == 2, "pack_int8: an (N, K) weight");
@@ -150,7 +224,7 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
                        const std::optional<at::Tensor>& bias,
                        const std::optional<at::Tensor>& residual_in, bool relu) {
   RECORD_FUNCTION("nmt::int8_linear", std::vector<c10::IValue>());
-  TORCH_CHECK(int8_kernel_available(), "int8_linear: this CPU lacks AVX-512 VNNI");
+  TORCH_CHECK(int8_kernel_available(), "int8_linear: this CPU lacks AVX2");
   TORCH_CHECK(x_in.scalar_type() == at::kFloat, "int8_linear: float32 input");
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(1, k);
   const int64_t blocks = packed.size(0), quads = packed.size(1);
@@ -163,9 +237,11 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   at::Tensor y = at::empty(sizes, x.options());
   std::vector<uint8_t> xq(static_cast<size_t>(m * quads * 4));
   std::vector<float> x_scale(static_cast<size_t>(m));
+  const bool vnni = int8_vnni_available();
   const float* xp = x.const_data_ptr<float>();
   for (int64_t r = 0; r < m; ++r) {
-    quantize_row(xp + r * k, k, quads * 4, xq.data() + r * quads * 4, &x_scale[r]);
+    quantize_row(xp + r * k, k, quads * 4, vnni ? 128 : 0, xq.data() + r * quads * 4,
+                 &x_scale[r]);
   }
   const Int8Operands op{xq.data(),
                         x_scale.data(),
@@ -178,17 +254,19 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
                         quads,
                         n,
                         relu};
-  tiles::for_each_tile(op, m, blocks, k, 1 << 19, kInt8Tiles);
+  tiles::for_each_tile(op, m, blocks, k, 1 << 19, vnni ? kInt8Tiles : kInt8Avx2Tiles);
   return y;
 }
 
 }  // namespace nmt
 
-#else  // the kernels need x86-64 with AVX-512; elsewhere they report none
+#else  // the kernels need x86-64 with AVX2 or AVX-512; elsewhere they report none
 
 namespace nmt {
 
 bool int8_kernel_available() { return false; }
+
+bool int8_vnni_available() { return false; }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor&) {
   TORCH_CHECK(false, "pack_int8: x86-64 only");

@@ -8,8 +8,11 @@
 
 namespace nmt {
 
-// Whether this CPU has the instructions int8_linear needs (AVX-512 with VNNI).
+// Whether int8_linear runs at the CPU level in force: AVX2 or more.
 bool int8_kernel_available();
+
+// Whether it runs its AVX-512 VNNI route (otherwise AVX2's, with the same results).
+bool int8_vnni_available();
 
 // weight (N, K) float -> (packed int8 (ceil(N/16), ceil(K/4), 16, 4), per-column scale
 // (N) float32, per-column sum of the int8 weights (N) int32). Symmetric, one scale a row

@@ -10,6 +10,7 @@
 #include "bf16_linear.cpp"
 #include "cpu_level.cpp"
 #include "dropout_mask.cpp"
+#include "fp32_linear.cpp"
 #include "int8_linear.cpp"
 #include "log_softmax.cpp"
 #include "smoothed_loss.cpp"
