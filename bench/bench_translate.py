@@ -67,6 +67,8 @@ CORPUS = Path(__file__).resolve().parent.parent.parent / "shared/data/multi30k"
 THREAD_VARIABLES = {
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY",
     "GOMP_CPU_AFFINITY", "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
+    # instruction sets capped: another CPU class emulated
+    "NMT_CPU_LEVEL", "CT2_FORCE_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
 }  # fmt: skip
 # What each nmt precision is compared with: CTranslate2's nearest compute type.
 PEER_OF = {"fp32": "float32", "bf16": "float32", "int8": "int8"}
@@ -372,7 +374,7 @@ def cpu_notes(precisions: list[str]) -> list[str]:
     if "bf16" in precisions and not {"avx512_bf16", "amx_bf16"} & flags:
         notes.append("no AVX-512 BF16 or AMX: nmt bf16 is emulated here, far from its speed")
     if "int8" in precisions and not {"avx512_vnni", "avx_vnni"} & flags:
-        notes.append("no VNNI: nmt int8 runs PyTorch's quantized kernels, not its own")
+        notes.append("no VNNI: nmt int8 runs its kernel's AVX2 route")
     if "avx512f" not in flags:
         notes.append("no AVX-512: nmt's packed bf16 and its AVX-512 kernels do not run here")
     return notes
@@ -448,7 +450,7 @@ def main() -> None:
     for note in cpu_notes(args.precisions):
         print("note:", note)
     threading = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k in THREAD_VARIABLES]
-    print("thread variables in the environment:", ", ".join(threading) or "none")
+    print("thread and ISA variables in the environment:", ", ".join(threading) or "none")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         dirs = {c: tmp / f"ct2-{c}" for c in args.ct2}

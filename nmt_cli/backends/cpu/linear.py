@@ -15,9 +15,9 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   (BENCHMARKS.md).
 - fp32 on CPUs whose level in force is AVX2 (no AVX-512): `Fp32Linear` keeps the weight
   as it is and, given the compiled module, in its layout too: products of up to 32 rows
-  (a beam-4 step of up to 8 sentences) run on the module's AVX2 kernel, 1.2-2.5x faster
-  than MKL's at 1-16 rows there, where MKL's blocking costs more than the arithmetic;
-  more rows stay PyTorch's (BENCHMARKS.md). Its sums run in order of K, so an fp32 model
+  (a beam-4 step of up to 8 sentences) run on the module's AVX2 kernel, 1.2-2.1x faster
+  than MKL's at 4 rows there and 1.1-1.2x at 16, where MKL's blocking costs more than the
+  arithmetic; more rows stay PyTorch's (BENCHMARKS.md). Its sums run in order of K, so an fp32 model
   decodes within float32's rounding of PyTorch's product, not bit for bit. On AVX-512
   CPUs MKL's own few-row products are as fast, and fp32 keeps PyTorch's, exactly.
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
