@@ -40,6 +40,7 @@ from nmt_cli.core.ensemble import Ensemble
 from nmt_cli.core.search import beam_search
 from nmt_cli.core.transformer import Transformer
 from nmt_cli.core.vocab import VocabPair
+from nmt_cli.cpu_level import LEVELS
 from nmt_cli.engines.models import build_decoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -229,11 +230,15 @@ def test_the_fp32_kernel_is_the_exact_product_to_k_roundings_and_alike_in_any_ba
     assert torch.equal(layer(many), F.linear(many, w, b))
 
 
+@pytest.mark.parametrize("level", ["native", "avx2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(4, 8000), (3, 37), (1, 5)])
 def test_the_fast_log_softmax_is_pytorchs_to_a_few_ulp(
-    kernel: ModuleType, dtype: torch.dtype, shape: tuple[int, int]
+    kernel_at: Callable[[str], ModuleType], level: str, dtype: torch.dtype, shape: tuple[int, int]
 ) -> None:
+    """On AVX-512 (float32 and bf16 logits) and on AVX2 (float32; bf16 is PyTorch's there,
+    where bf16 models decode on PyTorch's products)."""
+    kernel = kernel_at(level)
     g = torch.Generator().manual_seed(shape[1])
     logits = (torch.randn(*shape, generator=g) * 4).to(dtype)
     logits[0, 0] = -200.0  # exp underflows to 0
@@ -241,13 +246,21 @@ def test_the_fast_log_softmax_is_pytorchs_to_a_few_ulp(
     want = torch.log_softmax(logits, -1, dtype=torch.float32)
     assert got.dtype == torch.float32 and got.shape == shape
     assert torch.allclose(got, want, rtol=1e-6, atol=1e-5)
+    if dtype == torch.float32 and shape[1] == 8000 and kernel.vectorized()["log_softmax"]:
+        assert not torch.equal(got, want)  # its own passes, not PyTorch's under its name
 
 
-def test_bf16_and_int8_steps_use_it_and_fp32_keeps_pytorchs(kernel: ModuleType) -> None:
+def test_models_on_the_modules_products_use_it_and_the_others_pytorchs(
+    kernel: ModuleType,
+) -> None:
+    """fp32 keeps PyTorch's log-softmax with PyTorch's products (AVX-512 CPUs) and takes
+    the module's with the module's products (AVX2); bf16 takes it with its kernel."""
     logits = torch.randn(2, 50)
-    assert torch.equal(
-        decode_model("fp32", kernel).log_probs(logits), torch.log_softmax(logits, -1)
-    )
+    fp32 = decode_model("fp32", kernel)
+    assert (fp32.own_arithmetic is kernel) == (LEVELS[kernel.cpu_level()] == "avx2")
+    own = fp32.own_arithmetic is not None
+    want = kernel.fast_log_softmax(logits) if own else torch.log_softmax(logits, -1)
+    assert torch.equal(fp32.log_probs(logits), want)
     bf16 = decode_model("bf16", kernel)
     if not kernel.bf16_kernel_available():
         assert bf16.own_arithmetic is None  # PyTorch's products: PyTorch's log-softmax

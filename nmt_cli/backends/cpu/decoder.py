@@ -172,7 +172,7 @@ class CpuDecoder(nn.Module):
         return {
             "decoder step": "the module's (C++, one call)" if self.step else "core's (Python)",
             "log-softmax": (
-                "the module's AVX-512 passes"
+                "the module's passes"
                 if self.own_arithmetic is not None
                 and self.own_arithmetic.vectorized()["log_softmax"]
                 else "PyTorch's"

@@ -1,19 +1,21 @@
-// Log-softmax over the vocabulary in three passes of AVX-512, for bf16 and int8 models.
+// Log-softmax over the vocabulary in three passes of AVX-512 (or AVX2), for the models
+// whose products run on the module's kernels.
 //
 // `torch.log_softmax(logits, -1, dtype=float32)` casts bf16 logits to float32, then makes
 // its own passes: with the products on the module's kernels, it is the largest single
 // operator of a one-sentence step (BENCHMARKS.md). Here each row is read twice (its
 // maximum, then the sum of exp(x - max), with a polynomial exp accurate to about 2 ulp)
 // and written once as x - (max + log(sum)), bf16 widened on the fly. The results differ
-// from PyTorch's in the last bits, so fp32 models keep PyTorch's (their outputs are
-// promised identical); bf16 and int8 use this one in the Python step and the compiled
-// step alike, whenever the module is loaded.
+// from PyTorch's in the last bits, so fp32 models on PyTorch's products keep PyTorch's
+// (their outputs are promised identical); bf16, int8, and fp32 on AVX2 CPUs use this one
+// in the Python step and the compiled step alike, whenever the module is loaded.
 #include "log_softmax.h"
 #include "cpu_level.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -65,17 +67,47 @@ NMT_AVX512 void row(const T* x, int64_t n, float* out) {
   }
 }
 
+// The same three passes for float32 logits on AVX2 CPUs, eight lanes at a time (the
+// tail in scalar arithmetic): where fp32 decodes on the module's products.
+__attribute__((target("avx2,fma"))) void row_avx2(const float* x, int64_t n, float* out) {
+  constexpr int64_t kLanes = 8;
+  const int64_t whole = n / kLanes * kLanes;
+  alignas(32) float lanes[kLanes];
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < whole; i += kLanes) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+  _mm256_store_ps(lanes, vmax);
+  float max = -INFINITY;
+  for (const float lane : lanes) max = std::max(max, lane);
+  for (int64_t i = whole; i < n; ++i) max = std::max(max, x[i]);
+  const __m256 shift = _mm256_set1_ps(max);
+  __m256 vsum = _mm256_setzero_ps();
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    vsum = _mm256_add_ps(vsum, simd::exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
+  }
+  _mm256_store_ps(lanes, vsum);
+  float sum = 0.0f;
+  for (const float lane : lanes) sum += lane;
+  for (int64_t i = whole; i < n; ++i) sum += std::exp(x[i] - max);
+  const float lse = max + std::log(sum);
+  const __m256 vlse = _mm256_set1_ps(lse);
+  for (int64_t i = 0; i < whole; i += kLanes) {
+    _mm256_storeu_ps(out + i, _mm256_sub_ps(_mm256_loadu_ps(x + i), vlse));
+  }
+  for (int64_t i = whole; i < n; ++i) out[i] = x[i] - lse;
+}
+
 }  // namespace
 
-bool log_softmax_vectorized() { return cpu_level_at_least(CpuLevel::kAvx512); }
+bool log_softmax_vectorized() { return cpu_level_at_least(CpuLevel::kAvx2); }
 
 at::Tensor fast_log_softmax(const at::Tensor& logits_in) {
   RECORD_FUNCTION("nmt::fast_log_softmax", std::vector<c10::IValue>());
-  const bool supported = log_softmax_vectorized();
+  const bool avx512 = cpu_level_at_least(CpuLevel::kAvx512);
   const auto dtype = logits_in.scalar_type();
-  if (!supported || logits_in.dim() != 2 || (dtype != at::kFloat && dtype != at::kBFloat16)) {
-    return at::log_softmax(logits_in, -1, at::kFloat);
-  }
+  // AVX2 takes float32 logits only: bf16 models decode on PyTorch's products there.
+  const bool supported = avx512 ? dtype == at::kFloat || dtype == at::kBFloat16
+                                : log_softmax_vectorized() && dtype == at::kFloat;
+  if (!supported || logits_in.dim() != 2) return at::log_softmax(logits_in, -1, at::kFloat);
   const at::Tensor logits = logits_in.contiguous();
   const int64_t rows = logits.size(0), n = logits.size(1);
   at::Tensor out = at::empty({rows, n}, logits.options().dtype(at::kFloat));
@@ -83,7 +115,9 @@ at::Tensor fast_log_softmax(const at::Tensor& logits_in) {
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, n));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      if (dtype == at::kFloat) {
+      if (!avx512) {
+        row_avx2(logits.const_data_ptr<float>() + r * n, n, o + r * n);
+      } else if (dtype == at::kFloat) {
         row(logits.const_data_ptr<float>() + r * n, n, o + r * n);
       } else {
         row(reinterpret_cast<const uint16_t*>(logits.const_data_ptr()) + r * n, n, o + r * n);
