@@ -117,9 +117,11 @@ def test_the_few_row_bf16_kernel_computes_the_fused_products(
 def test_the_int8_kernel_quantizes_each_row_on_its_own(
     kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
 ) -> None:
-    """Close to the float product (int8 keeps ~1% of each operand), the same for a row
-    whatever the other rows hold, and the ReLU and residual forms fused; on the VNNI
-    route and the AVX2 one."""
+    """Close to the float product, the same for a row whatever the other rows hold, and
+    the ReLU and residual forms fused; on the VNNI route (8-bit activations) and the AVX2
+    one (7-bit). "Close": within twice the relative error rounding to the grids predicts,
+    uniform noise of a twelfth of a step squared on each operand (about 1.1% with 8-bit
+    activations here, 1.7% with 7)."""
     kernel = kernel_at(level)
     if not kernel.int8_kernel_available():
         pytest.skip("this CPU has no AVX2")
@@ -130,7 +132,13 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     exact = x @ w.T + b
     y = layer(x)
     assert y.dtype == torch.float32 and y.shape == (rows, n)
-    assert (y - exact).norm() / exact.norm() < 0.02
+    levels = 127 if kernel.int8_vnni_available() else 63
+
+    def noise(t: Tensor, levels: int) -> float:  # relative: grid step / sqrt(12) / rms
+        return float(t.abs().amax() / levels / 12**0.5 / t.pow(2).mean().sqrt())
+
+    predicted = (noise(x, levels) ** 2 + noise(w, 127) ** 2) ** 0.5
+    assert ((y - exact).norm() / (exact - b).norm()) < 2 * predicted
     assert torch.equal(layer.relu(x), y.clamp(min=0))
     assert torch.allclose(layer.add(x, r), y + r, atol=1e-5)
     louder = x.clone()
@@ -138,23 +146,25 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     assert torch.equal(layer(louder)[0], y[0])
 
 
-def _int8_reference(x: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """x W^T + b as the int8 kernel defines it, computed apart from it: each row of x and
-    of W quantized symmetrically (scale max |.| / 127, rounded half to even, as in
-    float32), the integer sums exact in int64, scaled in float64; and the bound of the
-    kernel's float32 epilogue: the sum and the scale product each rounded once to float32
-    and the fused multiply-add once (3 roundings of at most 2^-24 relative each), the bias
-    added exactly."""
+def _int8_reference(x: Tensor, w: Tensor, b: Tensor, levels: int) -> tuple[Tensor, Tensor]:
+    """x W^T + b as the int8 kernel defines it, computed apart from it: each row of W
+    quantized symmetrically to 127 levels a side (w / scale, as the weights are packed)
+    and each row of x to `levels` (x times 1 / scale, as each call quantizes its input),
+    scale = max |.| / levels, rounded half to even in float32; the integer sums exact in
+    int64, scaled in float64; and the bound of the kernel's float32 epilogue: the sum and
+    the scale product each rounded once to float32 (2^-24 of the product each, and their
+    product), the fused multiply-add with the bias once (2^-24 of the result)."""
 
-    def quantized(t: Tensor) -> tuple[Tensor, Tensor]:
-        scale = t.abs().amax(1) / 127.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        inverse = 1.0 / scale
-        return torch.round(t * inverse[:, None]).clamp(-127, 127).long(), scale.double()
+    def quantized(t: Tensor, levels: int, by_inverse: bool) -> tuple[Tensor, Tensor]:
+        scale = t.abs().amax(1) / float(levels)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
+        steps = t * (1.0 / scale) if by_inverse else t / scale
+        return torch.round(steps).clamp(-levels, levels).long(), scale[:, 0].double()
 
-    (qx, sx), (qw, sw) = quantized(x), quantized(w)
+    (qx, sx), (qw, sw) = quantized(x, levels, True), quantized(w, 127, False)
     product = (qx @ qw.T).double() * sx[:, None] * sw[None, :]
-    return product + b.double(), 3 * 2.0**-24 * product.abs() + 1e-30
+    result = product + b.double()
+    return result, 2.0**-24 * (2.01 * product.abs() + result.abs())
 
 
 @pytest.mark.parametrize("level", ["native", "avx2"])
@@ -162,11 +172,13 @@ def _int8_reference(x: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
 ) -> None:
-    """Every weight and every activation at the top of its range, half of them negative:
-    each pair of products is 2 x 127 x 127 = 32,258, at the edge of a 16-bit sum (the AVX2
-    route's `vpmaddubsw`; an unsigned q + 128 there would saturate at 32,767), and the
-    sums of K of them far past it. The result is the independent integer reference to the
-    rounding of its float32 epilogue. Ragged K and N reach the masked tails."""
+    """Every weight and every activation at the top of its range, half of them negative.
+    On the AVX2 route (7-bit activations as bytes q + 64) a pair of products is then
+    2 x 127 x 127 = 32,258, at the edge of `vpmaddubsw`'s 16-bit sum (8-bit ones, q + 128,
+    would saturate at 32,767); on the VNNI route (8-bit) the sums are 32-bit throughout.
+    Either way the sums of K of them are far past 16 bits. The result is the independent
+    integer reference, at the route's activation bits, to the rounding of the float32
+    epilogue. Ragged K and N reach the masked tails."""
     kernel = kernel_at(level)
     if not kernel.int8_kernel_available():
         pytest.skip("this CPU has no AVX2")
@@ -174,31 +186,33 @@ def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     signs = lambda *shape: torch.randint(0, 2, shape, generator=g).float() * 2 - 1  # noqa: E731
     w = signs(n, k) * (1 + 0.001 * torch.rand(n, k, generator=g))
     x = signs(rows, k) * (1 + 0.001 * torch.rand(rows, k, generator=g))
-    x[0] = w[0]  # one row the same signs as a weight row: its sum is +127 x 127 x K
+    x[0] = w[0]  # one row the same signs as a weight row: every product at its maximum
     b = torch.randn(n, generator=g)
-    want, bound = _int8_reference(x, w, b)
+    want, bound = _int8_reference(x, w, b, 127 if kernel.int8_vnni_available() else 63)
     got = Int8Linear.of(w, b, kernel)(x).double()
     assert ((got - want).abs() <= bound).all()
-    assert got[0, 0] > 0.99 * k  # the aligned row: every product at its maximum
+    assert got[0, 0] > 0.99 * k
 
 
-def test_the_avx2_route_gives_the_vnni_routes_bits(
+def test_the_avx2_route_has_7_bit_activations_and_the_vnni_route_8(
     kernel_at: Callable[[str], ModuleType],
 ) -> None:
-    """Both routes sum the same integers exactly and scale them with the same float32
-    operations, so a model decodes the same on an AVX2 CPU as on a VNNI one."""
-    if not kernel_at("native").int8_vnni_available():
-        pytest.skip("this CPU has no AVX-512 VNNI to compare with")
+    """Random rows, whose 7-bit and 8-bit quantizations differ: each route's result is
+    its own reference's to the epilogue's rounding, not the other's."""
     g = torch.Generator().manual_seed(9)
     w, b = torch.randn(70, 300, generator=g), torch.randn(70, generator=g)
-    x, r = torch.randn(13, 300, generator=g), torch.randn(13, 70, generator=g)
-    outputs = {}
+    x = torch.randn(13, 300, generator=g)
     for level in ("native", "avx2"):
-        layer = Int8Linear.of(w, b, kernel_at(level))
-        outputs[level] = (layer(x), layer.relu(x), layer.add(x, r))
+        kernel = kernel_at(level)
+        if not kernel.int8_kernel_available():
+            pytest.skip("this CPU has no AVX2")
+        got = Int8Linear.of(w, b, kernel)(x).double()
+        bits = {63: False, 127: False}
+        for levels in bits:
+            want, bound = _int8_reference(x, w, b, levels)
+            bits[levels] = bool(((got - want).abs() <= bound).all())
+        assert bits == {63: not kernel.int8_vnni_available(), 127: kernel.int8_vnni_available()}
     assert not kernel_at("avx2").int8_vnni_available()
-    for native, avx2 in zip(outputs["native"], outputs["avx2"], strict=True):
-        assert torch.equal(native, avx2)
 
 
 @pytest.mark.parametrize(("k", "n"), [(512, 40), (37, 23), (2048, 16)])

@@ -5,17 +5,18 @@
 // row's result depends on the other rows in the batch, and it spends a fixed time a call
 // on its own bookkeeping. Here each input row gets its own scale (as CTranslate2 does), so
 // a sentence translates the same in any batch, and there is no fixed cost. Each row is
-// quantized once to q = round(x / s), |q| <= 127, and the int32 sums sum_k q_k w_k are
-// exact on both routes, so both give the same bits:
-// - AVX-512 VNNI: the row as unsigned bytes q + 128; `vpdpbusd` multiplies four of them by
-//   four int8 weights of 16 output columns at a time into int32, and the offset is taken
-//   back out with the weights' column sums: acc - 128 sum_k w_k.
-// - AVX2 (no VNNI): `vpmaddubsw` multiplies unsigned by signed bytes and adds each pair into
-//   a 16-bit sum that saturates; fbgemm's answer is 7-bit activations. Here the unsigned
-//   operand is |w| and the signed one q with w's sign moved onto it (`vpsignb`): each
-//   product is at most 127 x 127, a pair at most 32,258 < 32,767, so nothing saturates and
-//   8-bit activations stay exact. `vpmaddwd` by ones widens the pairs into int32.
-// y = acc s_x s_w + b, the ReLU and the residual applied before the one store.
+// quantized once to q = round(x / s) and the int32 sums sum_k q_k w_k are exact:
+// - AVX-512 VNNI: 8-bit activations, |q| <= 127, as unsigned bytes q + 128; `vpdpbusd`
+//   multiplies four of them by four int8 weights of 16 output columns at a time into
+//   int32, and the offset is taken back out with the weights' column sums.
+// - AVX2 (no VNNI): `vpmaddubsw` multiplies unsigned by signed bytes and adds each pair
+//   into a 16-bit sum that saturates past 32,767. With 7-bit activations, |q| <= 63, as
+//   bytes q + 64 <= 127, a pair is at most 2 x 127 x 127 = 32,258: nothing saturates, and
+//   `vpmaddwd` by ones widens the pairs into int32. fbgemm takes 7 bits there too, with one
+//   scale a call; keeping 8 bits exactly (the weights' sign moved onto the input with
+//   `vpsignb`) costs a third more instructions a product, measured 1.3-1.5x slower.
+// y = (acc - offset sum_k w_k) s_x s_w + b, the ReLU and the residual applied before the
+// one store.
 #include "int8_linear.h"
 #include "cpu_level.h"
 
@@ -42,7 +43,7 @@ using tiles::kMaxRows;
 #define NMT_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 struct Int8Operands {
-  const uint8_t* x;       // (M, quads * 4) quantized rows, offset by 128
+  const uint8_t* x;       // (M, quads * 4) quantized rows, offset (128 or 64)
   const float* x_scale;   // (M)
   const int8_t* w;        // packed
   const float* w_scale;   // (N)
@@ -100,8 +101,8 @@ NMT_AVX512_VNNI void int8_tile(const Int8Operands& op, int64_t row, int64_t bloc
 #define NMT_AVX2 __attribute__((target("avx2,fma")))
 
 // The same tile without VNNI, eight columns (half a block) at a time, so that the R
-// accumulators, the half's weights, their magnitudes and the operands in flight stay in
-// AVX2's sixteen registers. `op.x` holds q itself (no offset); `op.w_sum` is not needed.
+// accumulators, the half's weights and the operands in flight stay in AVX2's sixteen
+// registers. `op.x` holds q + 64 (7-bit activations).
 template <int R, int C>
 NMT_AVX2 void int8_tile_avx2(const Int8Operands& op, int64_t row, int64_t first_block) {
   const __m256i ones = _mm256_set1_epi16(1);
@@ -117,24 +118,24 @@ NMT_AVX2 void int8_tile_avx2(const Int8Operands& op, int64_t row, int64_t first_
     const int8_t* w = op.w + (half / 2) * op.quads * kLanes * 4 + (half % 2) * 32;
     for (int64_t p = 0; p < op.quads; ++p) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kLanes * 4));
-      const __m256i magnitude = _mm256_abs_epi8(wv);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         int32_t quad;
         std::memcpy(&quad, x + (r * op.quads + p) * 4, sizeof quad);
-        const __m256i signed_x = _mm256_sign_epi8(_mm256_set1_epi32(quad), wv);
-        const __m256i pairs = _mm256_maddubs_epi16(magnitude, signed_x);
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(quad), wv);
         acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
       }
     }
     // Lanes past the last column: masked loads read zeros, masked stores write nothing.
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(valid)),
                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i correction = _mm256_slli_epi32(_mm256_maskload_epi32(op.w_sum + col, mask), 6);
     const __m256 w_scale = _mm256_maskload_ps(op.w_scale + col, mask);
     const __m256 bias = op.bias ? _mm256_maskload_ps(op.bias + col, mask) : _mm256_setzero_ps();
     for (int r = 0; r < R; ++r) {
+      const __m256i exact = _mm256_sub_epi32(acc[r], correction);
       const __m256 scale = _mm256_mul_ps(w_scale, _mm256_set1_ps(op.x_scale[row + r]));
-      __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), scale, bias);
+      __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, bias);
       if (op.relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
       const int64_t at = (row + r) * op.n + col;
       if (op.residual) v = _mm256_add_ps(v, _mm256_maskload_ps(op.residual + at, mask));
@@ -156,11 +157,11 @@ constexpr Int8TileFn kInt8Avx2RowTiles[kMaxCols] = {int8_tile_avx2<R, 1>, int8_t
 constexpr const Int8TileFn* kInt8Avx2Tiles[kMaxRows] = {
     kInt8Avx2RowTiles<1>, kInt8Avx2RowTiles<2>, kInt8Avx2RowTiles<3>, kInt8Avx2RowTiles<4>};
 
-// One row of x -> bytes q + offset (q = round(x / s) to nearest even, |q| <= 127,
-// s = max |x| / 127; the padding to whole quads is q = 0), and s. `offset` is 128 for the
-// VNNI route's unsigned bytes (q + 128 is q with its top bit flipped) and 0 for AVX2's.
-NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, uint8_t offset,
-                           uint8_t* out, float* scale) {
+// One row of x -> bytes q + offset (q = round(x / s) to nearest even, |q| <= levels,
+// s = max |x| / levels; the padding to whole quads is q = 0), and s: 127 levels offset by
+// 128 for the VNNI route, 63 offset by 64 for AVX2's.
+NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, float levels,
+                           uint8_t offset, uint8_t* out, float* scale) {
   constexpr int64_t kStep = 32;  // four vectors of floats -> one of bytes
   const int64_t whole = k / kStep * kStep;
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
@@ -172,11 +173,11 @@ NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, uint8_t of
   _mm256_store_ps(lanes, vmax);
   float amax = *std::max_element(lanes, lanes + 8);
   for (int64_t i = whole; i < k; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+  const float s = amax > 0.0f ? amax / levels : 1.0f;
   const float inv = 1.0f / s;
   const __m256 vinv = _mm256_set1_ps(inv);
-  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(offset));
+  const __m256 lo = _mm256_set1_ps(-levels), hi = _mm256_set1_ps(levels);
+  const __m256i shift = _mm256_set1_epi8(static_cast<char>(offset));
   // packs interleaves the 128-bit halves; this puts the 32 bytes back in order.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t i = 0; i < whole; i += kStep) {
@@ -189,10 +190,10 @@ NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, uint8_t of
     const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
                                              _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                        _mm256_xor_si256(_mm256_permutevar8x32_epi32(bytes, order), flip));
+                        _mm256_add_epi8(_mm256_permutevar8x32_epi32(bytes, order), shift));
   }
   for (int64_t i = whole; i < k; ++i) {
-    const float q = std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
+    const float q = std::clamp(std::nearbyint(x[i] * inv), -levels, levels);
     out[i] = static_cast<uint8_t>(static_cast<int32_t>(q) + offset);
   }
   std::fill(out + k, out + padded, offset);
@@ -240,8 +241,8 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   const bool vnni = int8_vnni_available();
   const float* xp = x.const_data_ptr<float>();
   for (int64_t r = 0; r < m; ++r) {
-    quantize_row(xp + r * k, k, quads * 4, vnni ? 128 : 0, xq.data() + r * quads * 4,
-                 &x_scale[r]);
+    quantize_row(xp + r * k, k, quads * 4, vnni ? 127.0f : 63.0f, vnni ? 128 : 64,
+                 xq.data() + r * quads * 4, &x_scale[r]);
   }
   const Int8Operands op{xq.data(),
                         x_scale.data(),

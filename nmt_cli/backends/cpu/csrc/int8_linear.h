@@ -11,7 +11,7 @@ namespace nmt {
 // Whether int8_linear runs at the CPU level in force: AVX2 or more.
 bool int8_kernel_available();
 
-// Whether it runs its AVX-512 VNNI route (otherwise AVX2's, with the same results).
+// Whether it runs its AVX-512 VNNI route, 8-bit activations (otherwise AVX2's, 7-bit).
 bool int8_vnni_available();
 
 // weight (N, K) float -> (packed int8 (ceil(N/16), ceil(K/4), 16, 4), per-column scale
@@ -19,8 +19,9 @@ bool int8_vnni_available();
 // of W: max |w| / 127.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight);
 
-// [residual +] [relu](x W^T + bias) for x (..., K) float32: each row of x quantized to
-// int8 with its own scale (max |x| / 127), int32 products, float32 out.
+// [residual +] [relu](x W^T + bias) for x (..., K) float32: each row of x quantized with
+// its own scale (max |x| / 127 on the VNNI route, / 63 on AVX2's), exact int32 sums,
+// float32 out.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                        const at::Tensor& column_sum, int64_t n,
                        const std::optional<at::Tensor>& bias,
