@@ -21,6 +21,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "simd_lanes.h"
 #include "tiles.h"
 
 namespace nmt {
@@ -76,16 +77,12 @@ NMT_FP32_AVX2 inline void fp32_blocks(const Fp32Operands& op, int64_t row, int64
       const int64_t col = (block + g) * kLanes + half * 8;
       const int64_t valid = std::min<int64_t>(8, op.n - col);
       if (valid <= 0) break;
-      // Lanes past the last column: masked loads read zeros, masked stores write nothing.
-      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(valid)),
-                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      const __m256i mask = simd::first_lanes8(valid);
       const __m256 bias = op.bias ? _mm256_maskload_ps(op.bias + col, mask) : _mm256_setzero_ps();
       for (int r = 0; r < R; ++r) {
-        __m256 v = _mm256_add_ps(acc[r][g][half], bias);
-        if (op.relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
         const int64_t at = (row + r) * op.n + col;
-        if (op.residual) v = _mm256_add_ps(v, _mm256_maskload_ps(op.residual + at, mask));
-        _mm256_maskstore_ps(op.y + at, mask, v);
+        simd::finish(_mm256_add_ps(acc[r][g][half], bias), op.relu,
+                     op.residual ? op.residual + at : nullptr, op.y + at, mask);
       }
     }
   }

@@ -31,6 +31,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "simd_lanes.h"
 #include "tiles.h"
 
 namespace nmt {
@@ -126,20 +127,16 @@ NMT_AVX2 void int8_tile_avx2(const Int8Operands& op, int64_t row, int64_t first_
         acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
       }
     }
-    // Lanes past the last column: masked loads read zeros, masked stores write nothing.
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(valid)),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i mask = simd::first_lanes8(valid);
     const __m256i correction = _mm256_slli_epi32(_mm256_maskload_epi32(op.w_sum + col, mask), 6);
     const __m256 w_scale = _mm256_maskload_ps(op.w_scale + col, mask);
     const __m256 bias = op.bias ? _mm256_maskload_ps(op.bias + col, mask) : _mm256_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const __m256i exact = _mm256_sub_epi32(acc[r], correction);
       const __m256 scale = _mm256_mul_ps(w_scale, _mm256_set1_ps(op.x_scale[row + r]));
-      __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, bias);
-      if (op.relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
       const int64_t at = (row + r) * op.n + col;
-      if (op.residual) v = _mm256_add_ps(v, _mm256_maskload_ps(op.residual + at, mask));
-      _mm256_maskstore_ps(op.y + at, mask, v);
+      simd::finish(_mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, bias), op.relu,
+                   op.residual ? op.residual + at : nullptr, op.y + at, mask);
     }
   }
 }

@@ -1,5 +1,6 @@
 // Sixteen float lanes loaded from and stored to float32 or bfloat16 memory, under a lane
-// mask, shared by the kernels that keep bf16 data (attention.cpp, smoothed_loss.cpp).
+// mask, shared by the kernels that keep bf16 data (attention.cpp, smoothed_loss.cpp); and
+// eight lanes' masks and stores for the AVX2 products.
 // bf16 is widened exactly and narrowed rounding to nearest even, as PyTorch casts; a NaN
 // stays a NaN.
 #pragma once
@@ -52,6 +53,26 @@ NMT_SIMD_LANES inline void store(uint16_t* p, __m512 x, __mmask16 mask) {
 }
 
 #undef NMT_SIMD_LANES
+
+// Eight float lanes for the AVX2 few-row products (fp32_linear.cpp, int8_linear.cpp).
+#define NMT_SIMD_AVX2 __attribute__((target("avx2,fma")))
+
+// The first `n` of 8 lanes (all of them from 8 up), as AVX2's masked loads and stores
+// take them: masked-off lanes load as zeros and are not stored.
+NMT_SIMD_AVX2 inline __m256i first_lanes8(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n < 8 ? n : 8)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// An output's last step: [residual +] [relu](v), stored to y's lanes under `mask`.
+NMT_SIMD_AVX2 inline void finish(__m256 v, bool relu, const float* residual, float* y,
+                                 __m256i mask) {
+  if (relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
+  if (residual != nullptr) v = _mm256_add_ps(v, _mm256_maskload_ps(residual, mask));
+  _mm256_maskstore_ps(y, mask, v);
+}
+
+#undef NMT_SIMD_AVX2
 
 }  // namespace nmt::simd
 
