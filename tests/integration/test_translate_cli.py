@@ -346,8 +346,11 @@ def test_thread_layout_gives_each_batch_its_own_threads() -> None:
 def test_the_python_step_translates_as_the_compiled_one(random_ckpt: Path, precision: str) -> None:
     """A random model's output is all near-ties: any difference in a step would show.
     fp32 is bit-identical on AVX-512 CPUs; bf16, int8 and fp32 on AVX2 use the compiled
-    module's products only beside the compiled step, so there the two may differ in the
-    last bit and are compared on their scores."""
+    module's products only beside the compiled step, so there the two may differ and are
+    compared on their scores: bf16 and fp32 in the last bits; int8 by its quantization,
+    which differs between the module (a scale per row) and PyTorch's kernels (one a call,
+    and 7-bit activations on CPUs without VNNI, whose products are within about 2% of the
+    float ones: a relative grid step / sqrt(12) of 1.5-1.7%)."""
     text = "\n".join(f"{w} red dog" for w in COPY_POOL[:8]) + "\n"
     args = ["-m", str(random_ckpt), "--precision", precision, "--json", "-q", "--beam", "3"]
     code_c, compiled, _ = run(args, text)
@@ -360,7 +363,8 @@ def test_the_python_step_translates_as_the_compiled_one(random_ckpt: Path, preci
     else:
         scores_a = [h["score"] for r in a for h in r["hypotheses"]]
         scores_b = [h["score"] for r in b for h in r["hypotheses"]]
-        assert scores_a == pytest.approx(scores_b, abs=0.05)
+        close = {"rel": 0.02} if precision == "int8" else {"abs": 0.05}
+        assert scores_a == pytest.approx(scores_b, **close)
 
 
 def test_a_step_that_cannot_be_compiled_is_a_warning_not_a_failure(
