@@ -229,6 +229,15 @@ def test_finished_sentences_can_leave_the_batch_at_once() -> None:
     assert found["buckets"][1] == [4, 8, 8, 4, 2, 2, 2]  # 3 open sentences in 4 slots
 
 
+def test_a_sentence_allowed_no_tokens_ends_at_once_beside_longer_ones() -> None:
+    """A limit of 0 (an empty source, b = 0) forces EOS at the very first step, even where
+    the model wants another token and its neighbour may still write two."""
+    babbler = ScriptedModel({}, vocab=30, default={A: 0.9, EOS: 0.1})
+    src = torch.tensor([[A, A, EOS], [EOS, 0, 0]])
+    results = beam_search(babbler, src, beam_size=2, length_penalty=1.0, max_len_b=0)
+    assert [tokens(h) for h in results] == [[[A, A]], [[]]]
+
+
 def test_nbest_larger_than_beam_is_refused() -> None:
     with pytest.raises(ValueError, match="nbest"):
         beam_search(ScriptedModel(TABLE), SRC, beam_size=2, nbest=3)
