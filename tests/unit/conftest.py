@@ -26,11 +26,14 @@ def reverser() -> Iterator[Transformer]:
     assert not changed, f"a test changed the shared reverser's {changed}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def kernel() -> ModuleType:
     """The compiled module (backends/cpu/build.py), built once per PyTorch version and
     source (tens of seconds the first time); its tests skip where it cannot be built
-    (no C++ compiler), as decoding then falls back to the Python step."""
+    (no C++ compiler), as decoding then falls back to the Python step. Asked for again
+    by each test: loading sets its kernels' level from NMT_CPU_LEVEL as it is now, so a
+    test that ran with another level (a training under a monkeypatched NMT_CPU_LEVEL)
+    leaves no cap behind for the tests after it, whatever their order."""
     try:
         return load_kernel()
     except CompileError as exc:
