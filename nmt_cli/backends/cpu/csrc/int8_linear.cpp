@@ -166,9 +166,7 @@ NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, float leve
   for (int64_t i = 0; i < whole; i += 8) {
     vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(x + i)));
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vmax);
-  float amax = *std::max_element(lanes, lanes + 8);
+  float amax = simd::horizontal_max(vmax);
   for (int64_t i = whole; i < k; ++i) amax = std::max(amax, std::fabs(x[i]));
   const float s = amax > 0.0f ? amax / levels : 1.0f;
   const float inv = 1.0f / s;

@@ -21,6 +21,7 @@
 
 #if defined(__x86_64__)
 #include "simd_exp.h"
+#include "simd_lanes.h"
 
 namespace nmt {
 namespace {
@@ -72,21 +73,16 @@ NMT_AVX512 void row(const T* x, int64_t n, float* out) {
 __attribute__((target("avx2,fma"))) void row_avx2(const float* x, int64_t n, float* out) {
   constexpr int64_t kLanes = 8;
   const int64_t whole = n / kLanes * kLanes;
-  alignas(32) float lanes[kLanes];
   __m256 vmax = _mm256_set1_ps(-INFINITY);
   for (int64_t i = 0; i < whole; i += kLanes) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
-  _mm256_store_ps(lanes, vmax);
-  float max = -INFINITY;
-  for (const float lane : lanes) max = std::max(max, lane);
+  float max = simd::horizontal_max(vmax);
   for (int64_t i = whole; i < n; ++i) max = std::max(max, x[i]);
   const __m256 shift = _mm256_set1_ps(max);
   __m256 vsum = _mm256_setzero_ps();
   for (int64_t i = 0; i < whole; i += kLanes) {
     vsum = _mm256_add_ps(vsum, simd::exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
   }
-  _mm256_store_ps(lanes, vsum);
-  float sum = 0.0f;
-  for (const float lane : lanes) sum += lane;
+  float sum = simd::horizontal_sum(vsum);
   for (int64_t i = whole; i < n; ++i) sum += std::exp(x[i] - max);
   const float lse = max + std::log(sum);
   const __m256 vlse = _mm256_set1_ps(lse);

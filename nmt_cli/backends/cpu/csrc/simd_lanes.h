@@ -72,6 +72,24 @@ NMT_SIMD_AVX2 inline void finish(__m256 v, bool relu, const float* residual, flo
   _mm256_maskstore_ps(y, mask, v);
 }
 
+// The eight lanes' maximum, and their sum taken lane 0 to 7 (the kernels that reduce a
+// row to one number: quantization's scale, the log-softmax's max and sum).
+NMT_SIMD_AVX2 inline float horizontal_max(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float max = lanes[0];
+  for (int i = 1; i < 8; ++i) max = max > lanes[i] ? max : lanes[i];
+  return max;
+}
+
+NMT_SIMD_AVX2 inline float horizontal_sum(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float sum = 0.0f;
+  for (const float lane : lanes) sum += lane;
+  return sum;
+}
+
 #undef NMT_SIMD_AVX2
 
 }  // namespace nmt::simd
