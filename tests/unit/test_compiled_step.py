@@ -417,15 +417,23 @@ def test_each_step_and_its_cache_equal_the_python_step(
     """With "int8 without VNNI" the layers are on PyTorch's quantized kernels, as on CPUs
     whose int8 the module cannot run, called from the compiled step through the
     dispatcher; bf16 and int8 decode over the SlotCache where the CPU runs the module's
-    attention kernel, fp32 always over the DecoderCache. At the AVX2 level none of the
-    module's AVX-512 kernels runs: the step calls PyTorch's for all of them."""
+    attention kernel, and fp32 where its products are the module's too (below AVX-512),
+    else over the DecoderCache. At the AVX2 level none of the module's AVX-512 kernels
+    runs: the step calls their AVX2 forms or PyTorch's."""
     kernel = kernel_at(level)
     if precision == "int8 without VNNI":
         model = wrap(random_model(), "int8", None)
         model = CpuDecoder(model.model, model.projection, kernel)
     else:
         model = decode_model(precision, kernel, compiled=True)
-    slotted = precision in ("bf16", "int8") and kernel.attention_kernel_available()
+    # where the projection runs on the module's kernel (linear.py's planner)
+    level = kernel.cpu_level()
+    own = {
+        "fp32": LEVELS.index("avx2") <= level < LEVELS.index("avx512"),
+        "bf16": level >= LEVELS.index("avx512_bf16"),
+        "int8": level >= LEVELS.index("avx2"),
+    }.get(precision, False)
+    slotted = own and kernel.attention_kernel_available()
     assert isinstance(model.new_cache(), SlotCache if slotted else DecoderCache)
     _steps_agree(model)
 

@@ -1,6 +1,6 @@
 """The SlotCache and the module's attention kernel over it (core/cache.py,
-csrc/attention.cpp): the kernel computes attention as float64 arithmetic does on the
-same inputs, for any head count and head sizes; a step over the SlotCache, with its
+csrc/attention.cpp): the kernel, at AVX-512 and AVX2 width alike, computes attention as
+float64 arithmetic does on the same inputs, for any head count and head sizes; a step over the SlotCache, with its
 back-pointers, growth and shared sources, gives what a step over the reference cache
 gives; and beam search of a trained model decodes the same sentences through it."""
 
@@ -10,6 +10,7 @@ import copy
 import gc
 import math
 import weakref
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(autouse=True)
 def _needs_the_kernel(kernel: ModuleType) -> None:
     if not kernel.attention_kernel_available():
-        pytest.skip("this CPU has no AVX-512")
+        pytest.skip("this CPU has no AVX2 and FMA")
 
 
 def _reference(
@@ -46,14 +47,23 @@ def _reference(
     return ctx.reshape(q.size(0), -1), weights
 
 
-SHAPES = [(8, 32, 32), (3, 6, 10), (12, 64, 64), (16, 20, 40), (2, 128, 16)]
+SHAPES = [(8, 32, 32), (3, 6, 10), (12, 64, 64), (16, 20, 40), (2, 128, 16), (4, 9, 128)]
+# the kernel's body at each width it is compiled for (AVX-512 where this CPU has it)
+LEVELS = ["native", "avx2"]
 
 
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize(("heads", "d_k", "d_v"), SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefix_attention_reads_each_rows_ancestors(
-    kernel: ModuleType, heads: int, d_k: int, d_v: int, dtype: torch.dtype
+    kernel_at: Callable[[str], ModuleType],
+    heads: int,
+    d_k: int,
+    d_v: int,
+    dtype: torch.dtype,
+    level: str,
 ) -> None:
+    kernel = kernel_at(level)
     g = torch.Generator().manual_seed(heads * d_k + d_v)
     width, steps, rows, length = 7, 9, 5, 6
     keys = torch.randn(width, steps, heads, d_k, generator=g).to(dtype)
@@ -81,10 +91,12 @@ def test_prefix_attention_reads_each_rows_ancestors(
     assert torch.allclose(weights.double(), expected_weights, atol=1e-6)
 
 
-@pytest.mark.parametrize(("heads", "d_k", "d_v"), SHAPES[:3])
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize(("heads", "d_k", "d_v"), [*SHAPES[:3], SHAPES[-1]])
 def test_memory_attention_shares_sources_and_masks_padding(
-    kernel: ModuleType, heads: int, d_k: int, d_v: int
+    kernel_at: Callable[[str], ModuleType], heads: int, d_k: int, d_v: int, level: str
 ) -> None:
+    kernel = kernel_at(level)
     g = torch.Generator().manual_seed(7)
     sources, length = 3, 5
     keys = torch.randn(sources, length, heads, d_k, generator=g).bfloat16()
@@ -104,13 +116,15 @@ def test_memory_attention_shares_sources_and_masks_padding(
     assert bool((weights[[0, 1, 4], :, 3:] == 0).all())  # padding of source 1 is never read
 
 
+@pytest.mark.parametrize("level", LEVELS)
 def test_steps_over_the_slot_cache_equal_steps_over_the_reference_cache(
-    kernel: ModuleType,
+    kernel_at: Callable[[str], ModuleType], level: str
 ) -> None:
     """Float32 slots, so that only the order of the sums differs: 40 steps (the buffers
     grow past their first 32), the rows expand from sentences to beams as beam
     search's first reorder does, beams reorder within their sentence, and a sentence
     leaves the batch."""
+    kernel = kernel_at(level)
     model = decode_model("fp32", max_positions=64)
     src = torch.randint(4, 50, (2, 7), generator=torch.Generator().manual_seed(3))
     src[:, -1] = 3

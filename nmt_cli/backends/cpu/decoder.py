@@ -7,8 +7,9 @@ choice of arithmetic for each model, from that one: the output projection in the
 form, whether the module's log-softmax and attention kernel (with the SlotCache) take
 part, and whether the compiled step runs the whole step. The rule:
 the module's own arithmetic, which differs from PyTorch's in the last bits, only where the
-output projection already runs on its kernels (bf16 and int8 on CPUs that have them), so
-fp32 models keep PyTorch's exact scores; the model-shaped parts (compiled step, attention
+output projection already runs on its kernels (bf16 and int8 on CPUs that have them, fp32
+where its few-row products are the module's: AVX2-only CPUs), so fp32 models on PyTorch's
+products keep PyTorch's exact scores; the model-shaped parts (compiled step, attention
 kernel) only for models whose settings backends/cpu/support.py declares implemented.
 
 `CpuDecoder.decode_step` is core's reference step (Transformer.step_hidden) followed by
@@ -37,6 +38,7 @@ from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.step_linear import LinearLayer, StepLinear, linear
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.cpu_level import LEVELS
 
 
 def kernel_advance(kernel: ModuleType) -> BeamAdvance:
@@ -73,7 +75,8 @@ class CpuDecoder(nn.Module):
         self.projection = projection
         # The module's own arithmetic (log-softmax, attention), which differs from
         # PyTorch's in the last bits, only where the projection already runs on its
-        # kernels (bf16, int8), so that fp32 models keep PyTorch's exact scores.
+        # kernels (bf16, int8; fp32 on AVX2), so that fp32 models on PyTorch's products
+        # keep PyTorch's exact scores.
         own = getattr(projection, "kernel", None) if kernel is not None else None
         self.own_arithmetic: ModuleType | None = own
         self.attention_kernel = (
@@ -109,9 +112,11 @@ class CpuDecoder(nn.Module):
         """The SlotCache where the attention kernel decodes this model, else core's."""
         if self.attention_kernel is None:  # float32 whatever the model's dtype: oneDNN's
             return self.model.new_cache(torch.float32)  # bf16 is slow at one-query shapes
+        # bf16 beside bf16 and int8 products, float32 beside fp32 ones (linear.py)
         first = cast(DecoderLayer, self.model.decoder[0]).self_attn
         layers = len(self.model.decoder)
-        return SlotCache(self.attention_kernel, first.h, first.d_k, first.d_v, layers)
+        dtype = getattr(self.projection, "cache_dtype", torch.bfloat16)
+        return SlotCache(self.attention_kernel, first.h, first.d_k, first.d_v, layers, dtype)
 
     def decode_step(
         self,
@@ -178,12 +183,18 @@ class CpuDecoder(nn.Module):
                 else "PyTorch's"
             ),
             "attention": (
-                "the module's AVX-512 kernel over the slot cache"
+                f"the module's {self._attention_width()} kernel over the slot cache"
                 if self.attention_kernel is not None
                 else "PyTorch's operations over core's cache"
             ),
             "beam bookkeeping": "PyTorch's" if self.advance is torch_advance else "the module's",
         }
+
+    def _attention_width(self) -> str:
+        """The attention kernel's instructions at the module's level in force."""
+        assert self.attention_kernel is not None
+        wide = self.attention_kernel.cpu_level() >= LEVELS.index("avx512")
+        return "AVX-512" if wide else "AVX2"
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """log_softmax in float32: the module's three passes where its arithmetic is this

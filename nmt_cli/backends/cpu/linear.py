@@ -62,6 +62,11 @@ class DecodeLinear(StepLinear):
     only in its kernel's form, made once by `load`. `kernel` is the compiled module
     (backends/cpu/build.py) where the planner chose its kernel for this layer's kind."""
 
+    # What the slot cache (backends/cpu/slot_cache.py) keeps keys and values in beside
+    # these products: bf16 where the products already round their inputs as coarsely or
+    # more (bf16, int8), so the cache's rounding adds no error of another order.
+    cache_dtype: torch.dtype = torch.bfloat16
+
     def __init__(
         self, in_features: int, out_features: int, kernel: ModuleType | None = None
     ) -> None:
@@ -118,6 +123,7 @@ class Fp32Linear(DecodeLinear):
     weight: Tensor
     bias: Tensor | None
     rows: Tensor  # the weight in the kernel's layout
+    cache_dtype = torch.float32  # the products round nothing: neither may the cache
 
     def load(self, weight: Tensor, bias: Tensor | None) -> None:
         assert self.kernel is not None, "Fp32Linear is the module's layer"

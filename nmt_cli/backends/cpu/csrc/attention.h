@@ -7,7 +7,8 @@
 
 namespace nmt {
 
-// Whether this CPU has the instructions the attention kernels need (AVX-512 F/BW/VL).
+// Whether the level in force has the instructions the attention kernels need (AVX2 and
+// FMA; AVX-512 where there is, at twice the width).
 bool attention_kernel_available();
 
 // Self-attention over a prefix that is never copied: keys (W, T, h, d_k) and values

@@ -1,0 +1,133 @@
+// Float lanes at two widths behind one interface, so that a kernel's body is written once
+// and compiled for AVX-512 (`Lanes16`) and for AVX2 + FMA (`Lanes8`): the body lives in a
+// header included inside a namespace under `#pragma GCC target(...)`, with `V` naming one
+// of these (attention_body.h). Each function carries its own target, so it inlines into
+// a body compiled for that level or above and nowhere else.
+//
+// A load or store of fewer lanes than the width takes a lane mask (AVX-512) or a lane
+// count (AVX2: `vmaskmovps` stores are slow on some AMD cores, so full vectors go
+// unmasked and only a tail pays). bf16 is widened exactly and narrowed rounding to nearest
+// even, as PyTorch casts (simd_lanes.h).
+#pragma once
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "simd_exp.h"
+#include "simd_lanes.h"
+
+namespace nmt::simd {
+
+#define NMT_LANES16 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+#define NMT_LANES8 __attribute__((target("avx2,fma")))
+
+struct Lanes16 {
+  using Vec = __m512;
+  using Mask = __mmask16;
+  static constexpr int64_t kWidth = 16;
+
+  NMT_LANES16 static Mask first(int64_t n) { return n > 0 ? first_lanes(n) : 0; }
+  template <typename T>
+  NMT_LANES16 static Vec load(const T* p, Mask m) {
+    return simd::load(p, m);
+  }
+  template <typename T>
+  NMT_LANES16 static void store(T* p, Vec x, Mask m) {
+    simd::store(p, x, m);
+  }
+  NMT_LANES16 static Vec zero() { return _mm512_setzero_ps(); }
+  NMT_LANES16 static Vec set1(float x) { return _mm512_set1_ps(x); }
+  NMT_LANES16 static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  NMT_LANES16 static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+
+  // The sums of eight vectors, lane j of the result the sum of a[j]'s 16 lanes.
+  NMT_LANES16 static __m256 sum8(const Vec (&a)[8]) {
+    __m512 b[4], c[2];
+    for (int i = 0; i < 4; ++i) {  // 256-bit halves: [a_2i lo + hi | a_2i+1 lo + hi]
+      b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                           _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    }
+    for (int i = 0; i < 2; ++i) {  // 128-bit lanes: four partial sums of a_4i .. a_4i+3
+      c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    }
+    // Lane l of 128 bits: [a_l, a_4+l, a_l, a_4+l] after two rounds of pairwise adds.
+    __m512 d = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+    d = _mm512_add_ps(d, _mm512_shuffle_ps(d, d, _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512i order =
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, d));
+  }
+};
+
+struct Lanes8 {
+  using Vec = __m256;
+  using Mask = int64_t;  // how many of the first lanes, 0 to 8
+  static constexpr int64_t kWidth = 8;
+
+  NMT_LANES8 static Mask first(int64_t n) { return n < 8 ? (n < 0 ? 0 : n) : 8; }
+  NMT_LANES8 static Vec load(const float* p, Mask m) {
+    if (m == 8) return _mm256_loadu_ps(p);
+    return _mm256_maskload_ps(p, first_lanes8(m));
+  }
+  NMT_LANES8 static Vec load(const uint16_t* p, Mask m) {
+    __m128i half;
+    if (m == 8) {
+      half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else {  // no 16-bit masked load before AVX-512: through a zeroed copy
+      alignas(16) uint16_t tail[8] = {};
+      std::memcpy(tail, p, static_cast<size_t>(m) * sizeof(uint16_t));
+      half = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+    }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+  }
+  NMT_LANES8 static void store(float* p, Vec x, Mask m) {
+    if (m == 8) return _mm256_storeu_ps(p, x);
+    _mm256_maskstore_ps(p, first_lanes8(m), x);
+  }
+  NMT_LANES8 static void store(uint16_t* p, Vec x, Mask m) {
+    const __m128i packed = to_bf16(x);
+    if (m == 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+    alignas(16) uint16_t tail[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(tail), packed);
+    std::memcpy(p, tail, static_cast<size_t>(m) * sizeof(uint16_t));
+  }
+  NMT_LANES8 static Vec zero() { return _mm256_setzero_ps(); }
+  NMT_LANES8 static Vec set1(float x) { return _mm256_set1_ps(x); }
+  NMT_LANES8 static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  NMT_LANES8 static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+
+  // Eight lanes rounded to bf16 as simd_lanes.h's to_bf16 rounds sixteen.
+  NMT_LANES8 static __m128i to_bf16(Vec x) {
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    rounded = _mm256_castps_si256(_mm256_blendv_ps(
+        _mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan));
+    // The upper halves (at most 0xFFFF, so unsigned saturation keeps them) in order.
+    const __m256i upper = _mm256_srli_epi32(rounded, 16);
+    const __m256i packed = _mm256_packus_epi32(upper, upper);  // [0..3 0..3 | 4..7 4..7]
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+  }
+
+  // The sums of eight vectors, lane j of the result the sum of a[j]'s 8 lanes.
+  NMT_LANES8 static __m256 sum8(const Vec (&a)[8]) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    // [a0..a3 low-half sums | a0..a3 high-half sums], the same for a4..a7
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+  }
+};
+
+#undef NMT_LANES16
+#undef NMT_LANES8
+
+}  // namespace nmt::simd
+
+#endif
