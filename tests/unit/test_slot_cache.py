@@ -1,8 +1,9 @@
 """The SlotCache and the module's attention kernel over it (core/cache.py,
 csrc/attention.cpp): the kernel, at AVX-512 and AVX2 width alike, computes attention as
-float64 arithmetic does on the same inputs, for any head count and head sizes; a step over the SlotCache, with its
-back-pointers, growth and shared sources, gives what a step over the reference cache
-gives; and beam search of a trained model decodes the same sentences through it."""
+float64 arithmetic does on the same inputs, for any head count and head sizes; a step
+over the SlotCache, with its back-pointers, growth and shared sources, gives what a step
+over the reference cache gives; and beam search of a trained model decodes the same
+sentences through it."""
 
 from __future__ import annotations
 
