@@ -115,6 +115,15 @@ def at_least(level: str) -> bool:
     return LEVELS.index(cpu_level()) >= LEVELS.index(level)
 
 
+def vector_width(level: int) -> str:
+    """The vector instructions the module's float loops run at a level (an index into
+    LEVELS, as the module reports its level in force): the kernels written once over lane
+    traits take sixteen lanes from AVX-512 up, eight on AVX2 + FMA, none below."""
+    if level >= LEVELS.index("avx512"):
+        return "AVX-512"
+    return "AVX2" if level >= LEVELS.index("avx2") else "none"
+
+
 def has_bf16_units() -> bool:
     """bf16 products run in hardware (AVX512_BF16 or AMX): where `auto` picks bf16."""
     return at_least("avx512_bf16")

@@ -36,6 +36,7 @@ from nmt_cli.cpu_level import (
     cpuinfo_field,
     detected_level,
     has_bf16_units,
+    vector_width,
 )
 from nmt_cli.cpus import usable_cpus
 from nmt_cli.engines.models import decoding_models
@@ -81,7 +82,10 @@ def _training_section(kernel: ModuleType | None, state: str) -> Section:
     if kernel is not None:
         vectorized = kernel.vectorized()
         loops = [name for name in ("attention_train", "smoothed_loss") if vectorized[name]]
-        rows.append(("AVX-512 loops", ", ".join(loops) or "none (plain loops)"))
+        width = vector_width(kernel.cpu_level())
+        rows.append(
+            ("vector loops", f"{', '.join(loops)} ({width})" if loops else "none (plain loops)")
+        )
     return Section("training on the CPU", tuple((what, answer) for what, answer in rows))
 
 

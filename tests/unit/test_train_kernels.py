@@ -45,10 +45,10 @@ def _capped(request: pytest.FixtureRequest) -> ModuleType:
     return capped
 
 
-@pytest.fixture(params=["reference", "compiled", "compiled-generic"])
+@pytest.fixture(params=["reference", "compiled", "compiled-avx2", "compiled-generic"])
 def loss_sweep(request: pytest.FixtureRequest) -> LossSweep:
     """Each loss sweep a CPU run can use: core's, and the CPU backend's compiled one at
-    this CPU's level and at the plain loops every CPU runs."""
+    this CPU's level, at AVX2's (eight lanes) and at the plain loops every CPU runs."""
     if request.param == "reference":
         return smoothed_loss_sweep
     return compiled_loss_sweep(_capped(request))
@@ -223,13 +223,13 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.pow(2.0, exponent - 7)
 
 
-@pytest.mark.parametrize("level", ["native", "generic"])
+@pytest.mark.parametrize("level", ["native", "avx2", "generic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_compiled_sweep_is_the_references_to_rounding(
     kernel_at: Callable[[str], ModuleType], dtype: torch.dtype, level: str
 ) -> None:
     """Row by row the same figures as core's sweep, within what the arithmetic allows,
-    at this CPU's level and on the plain loops of every other CPU; weights scale each
+    at this CPU's level, at AVX2's and on the plain loops; weights scale each
     row's gradient (0 for padding) and the threads change nothing.
 
     Both sides compute, in float32, e = exp(x - max) (the module's polynomial: at most 2
@@ -296,10 +296,10 @@ def test_the_compiled_sweep_leaves_half_precision_to_the_reference(kernel: Modul
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True) if a is not None)
 
 
-@pytest.fixture(params=["reference", "compiled", "compiled-generic"])
+@pytest.fixture(params=["reference", "compiled", "compiled-avx2", "compiled-generic"])
 def attention(request: pytest.FixtureRequest) -> Attention:
     """Each attention a CPU run can train with: core's, and the CPU backend's compiled one
-    at this CPU's level and at the plain loops every CPU runs."""
+    at this CPU's level, at AVX2's (eight lanes) and at the plain loops every CPU runs."""
     if request.param == "reference":
         return written_out_attention
     return compiled_attention(_capped(request))
@@ -385,8 +385,13 @@ def test_compiled_bf16_attention_is_nearer_float64_than_the_reference(kernel: Mo
     assert all(o <= r for o, r in zip(ours, reference, strict=True))
 
 
-def test_the_plain_loops_compute_what_the_vector_ones_do(kernel: ModuleType) -> None:
-    """Machines without AVX-512 take the plain loops: the same sums to rounding."""
+@pytest.mark.parametrize("level", ["native", "avx2"])
+def test_the_plain_loops_compute_what_the_vector_ones_do(
+    kernel_at: Callable[[str], ModuleType], level: str
+) -> None:
+    """Machines without AVX2 take the plain loops: the same sums to rounding as the
+    vector loops of this CPU's level and of AVX2's (eight lanes, a tail of three)."""
+    kernel = kernel_at(level)
     q, k, v, mask = attention_inputs(3, 2, 11, 11, 24, torch.float32)
     keys = mask.reshape(3, 11)
     scale = 1 / math.sqrt(24)

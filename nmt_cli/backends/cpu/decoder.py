@@ -38,7 +38,7 @@ from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.step_linear import LinearLayer, StepLinear, linear
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
-from nmt_cli.cpu_level import LEVELS
+from nmt_cli.cpu_level import vector_width
 
 
 def kernel_advance(kernel: ModuleType) -> BeamAdvance:
@@ -193,8 +193,7 @@ class CpuDecoder(nn.Module):
     def _attention_width(self) -> str:
         """The attention kernel's instructions at the module's level in force."""
         assert self.attention_kernel is not None
-        wide = self.attention_kernel.cpu_level() >= LEVELS.index("avx512")
-        return "AVX-512" if wide else "AVX2"
+        return vector_width(self.attention_kernel.cpu_level())
 
     def log_probs(self, logits: Tensor) -> Tensor:
         """log_softmax in float32: the module's three passes where its arithmetic is this

@@ -30,8 +30,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#include "simd_exp.h"
-#include "simd_lanes.h"
+#include "simd_width.h"
 #endif
 
 namespace nmt {
@@ -147,122 +146,24 @@ struct Ops {
 }  // namespace plain
 
 #if defined(__x86_64__)
+// Vector loops, written once over the lanes of simd_width.h: AVX-512 (sixteen lanes, the
+// tail under a lane mask) and AVX2 + FMA (eight lanes, the tail by a lane count).
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
-
-// AVX-512: sixteen lanes at a time, the tail under a lane mask.
-namespace avx512 {
-
-using simd::first_lanes;
-
-struct Ops {
-  // Into whole vectors (zeros past n).
-  template <typename T>
-  static void widen(const T* x, float* out, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) {
-      _mm512_storeu_ps(out + i, simd::load(x + i, first_lanes(n - i)));
-    }
-  }
-  template <typename T>
-  static void narrow(const float* x, T* out, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) {
-      simd::store(out + i, _mm512_loadu_ps(x + i), first_lanes(n - i));
-    }
-  }
-  static float dot(const float* a, const float* b, int64_t n) {
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = first_lanes(n - i);
-      total = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
-                              total);
-    }
-    return _mm512_reduce_add_ps(total);
-  }
-  static void axpy(float alpha, const float* x, float* y, int64_t n) {
-    const __m512 a = _mm512_set1_ps(alpha);
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = first_lanes(n - i);
-      const __m512 r =
-          _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
-      _mm512_mask_storeu_ps(y + i, m, r);
-    }
-  }
-  static void zero(float* y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16) {
-      _mm512_mask_storeu_ps(y + i, first_lanes(n - i), _mm512_setzero_ps());
-    }
-  }
-  // c (M x N, row stride ldc, a multiple of 16) = a (M x K, nonzero within `band`) b
-  // (K x N, row stride ldb): blocks of up to four rows of c by 32 columns held in
-  // registers, each element of a broadcast from memory. c's rows are written to whole
-  // vectors (zeros past N).
-  static void gemm(int64_t M, int64_t N, int64_t K, Strided a, const float* b, int64_t ldb,
-                   float* c, int64_t ldc, Band band = kFull) {
-    for (int64_t n = 0; n < N; n += 32) {
-      const __mmask16 lo = first_lanes(N - n);
-      const __mmask16 hi = N - n > 16 ? first_lanes(N - n - 16) : 0;
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) block<4>(m, n, K, band, a, b, ldb, c, ldc, lo, hi);
-      switch (M - m) {
-        case 3: block<3>(m, n, K, band, a, b, ldb, c, ldc, lo, hi); break;
-        case 2: block<2>(m, n, K, band, a, b, ldb, c, ldc, lo, hi); break;
-        case 1: block<1>(m, n, K, band, a, b, ldb, c, ldc, lo, hi); break;
-        default: break;
-      }
-    }
-  }
-  // Rows m .. m + R - 1 of c, columns n .. n + 31; the columns of a any of the rows needs.
-  template <int R>
-  static void block(int64_t m, int64_t n, int64_t K, Band band, Strided a, const float* b,
-                    int64_t ldb, float* c, int64_t ldc, __mmask16 lo, __mmask16 hi) {
-    const int64_t k0 = band.first(m, K), k1 = band.end(m + R - 1, K);
-    __m512 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    const bool two = hi != 0;
-    for (int64_t k = k0; k < k1; ++k) {
-      const __m512 b0 = _mm512_maskz_loadu_ps(lo, b + k * ldb + n);
-      const __m512 b1 = two ? _mm512_maskz_loadu_ps(hi, b + k * ldb + n + 16) : b0;
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_set1_ps(a(m + r, k));
-        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      _mm512_storeu_ps(c + (m + r) * ldc + n, acc[r][0]);
-      if (two) _mm512_storeu_ps(c + (m + r) * ldc + n + 16, acc[r][1]);
-    }
-  }
-  static void softmax(float* x, int64_t n) {
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = first_lanes(n - i);
-      vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, x + i));
-    }
-    const float max = _mm512_reduce_max_ps(vmax);
-    if (max == -INFINITY) return zero(x, n);
-    const __m512 shift = _mm512_set1_ps(max);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = first_lanes(n - i);
-      // Masked keys hold -inf: their exponential is 0.
-      const __m512 e = _mm512_maskz_mov_ps(
-          m, simd::exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), shift)));
-      vsum = _mm512_add_ps(vsum, e);
-      _mm512_mask_storeu_ps(x + i, m, e);
-    }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = first_lanes(n - i);
-      _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
-    }
-  }
-};
-
+namespace train_avx512 {
+using V = simd::Lanes16;
+#include "attention_train_lanes.h"
 #include "attention_train_body.h"
+}  // namespace train_avx512
+#pragma GCC pop_options
 
-}  // namespace avx512
-
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace train_avx2 {
+using V = simd::Lanes8;
+#include "attention_train_lanes.h"
+#include "attention_train_body.h"
+}  // namespace train_avx2
 #pragma GCC pop_options
 #endif
 
@@ -335,7 +236,8 @@ void each_sentence(std::initializer_list<const at::Tensor*> ahead, int64_t B, in
 template <typename T>
 auto forward_kernel(bool simd) {
 #if defined(__x86_64__)
-  if (simd) return &avx512::forward_sentence<T>;
+  if (simd && cpu_level_at_least(CpuLevel::kAvx512)) return &train_avx512::forward_sentence<T>;
+  if (simd) return &train_avx2::forward_sentence<T>;
 #endif
   (void)simd;
   return &plain::forward_sentence<T>;
@@ -344,7 +246,8 @@ auto forward_kernel(bool simd) {
 template <typename T>
 auto backward_kernel(bool simd) {
 #if defined(__x86_64__)
-  if (simd) return &avx512::backward_sentence<T>;
+  if (simd && cpu_level_at_least(CpuLevel::kAvx512)) return &train_avx512::backward_sentence<T>;
+  if (simd) return &train_avx2::backward_sentence<T>;
 #endif
   (void)simd;
   return &plain::backward_sentence<T>;
@@ -379,7 +282,7 @@ void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
 }  // namespace
 
 // Elsewhere than x86-64 the detected level is generic: never.
-bool attention_train_vectorized() { return cpu_level_at_least(CpuLevel::kAvx512); }
+bool attention_train_vectorized() { return cpu_level_at_least(CpuLevel::kAvx2); }
 
 std::tuple<at::Tensor, at::Tensor> attention_train_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -16,7 +16,8 @@ namespace nmt {
 // tensor so that merging the heads costs nothing, and, when `want_probs`, the attention
 // weights (B, h, L, S) float32 that the backward pass takes (undefined otherwise). A
 // query that may see no key gets zero weights. `simd` false takes the plain loops.
-// Whether attention's forward and backward run their AVX-512 loops here (else plain ones).
+// Whether attention's forward and backward run vector loops here (AVX-512 or AVX2 + FMA,
+// by nmt's CPU level; else plain ones).
 bool attention_train_vectorized();
 
 std::tuple<at::Tensor, at::Tensor> attention_train_forward(

@@ -42,6 +42,13 @@ struct Lanes16 {
   NMT_LANES16 static Vec set1(float x) { return _mm512_set1_ps(x); }
   NMT_LANES16 static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
   NMT_LANES16 static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  NMT_LANES16 static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  NMT_LANES16 static Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+  NMT_LANES16 static Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+  // a's lanes under m, b's elsewhere.
+  NMT_LANES16 static Vec select(Mask m, Vec a, Vec b) { return _mm512_mask_blend_ps(m, b, a); }
+  NMT_LANES16 static float reduce_add(Vec a) { return _mm512_reduce_add_ps(a); }
+  NMT_LANES16 static float reduce_max(Vec a) { return _mm512_reduce_max_ps(a); }
 
   // The sums of eight vectors, lane j of the result the sum of a[j]'s 16 lanes.
   NMT_LANES16 static __m256 sum8(const Vec (&a)[8]) {
@@ -99,6 +106,15 @@ struct Lanes8 {
   NMT_LANES8 static Vec set1(float x) { return _mm256_set1_ps(x); }
   NMT_LANES8 static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
   NMT_LANES8 static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  NMT_LANES8 static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  NMT_LANES8 static Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+  NMT_LANES8 static Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+  NMT_LANES8 static Vec select(Mask m, Vec a, Vec b) {
+    if (m == 8) return a;
+    return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first_lanes8(m)));
+  }
+  NMT_LANES8 static float reduce_add(Vec a) { return horizontal_sum(a); }
+  NMT_LANES8 static float reduce_max(Vec a) { return horizontal_max(a); }
 
   // Eight lanes rounded to bf16 as simd_lanes.h's to_bf16 rounds sixteen.
   NMT_LANES8 static __m128i to_bf16(Vec x) {

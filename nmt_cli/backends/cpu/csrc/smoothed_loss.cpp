@@ -24,8 +24,7 @@
 #include <vector>
 
 #if defined(__x86_64__)
-#include "simd_exp.h"
-#include "simd_lanes.h"
+#include "simd_width.h"
 #endif
 
 namespace nmt {
@@ -68,54 +67,44 @@ RowSums row_scalar(const T* x, int64_t n, float* e, T* grad, float scale, float 
 }
 
 #if defined(__x86_64__)
-#define NMT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+// Vector loops, written once over the lanes of simd_width.h (smoothed_loss_row.h),
+// compiled for AVX-512 and for AVX2 + FMA.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+namespace loss_avx512 {
+using V = simd::Lanes16;
+#include "smoothed_loss_row.h"
+}  // namespace loss_avx512
+#pragma GCC pop_options
 
-// AVX-512: sixteen lanes at a time; the tail under a lane mask.
-template <typename T>
-NMT_AVX512 RowSums row_avx512(const T* x, int64_t n, float* e, T* grad, float scale,
-                              float offset) {
-  constexpr int64_t kLanes = 16;
-  __m512 vmax = _mm512_set1_ps(-INFINITY), vtotal = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const __mmask16 mask = simd::first_lanes(n - i);
-    const __m512 v = simd::load(x + i, mask);
-    vmax = _mm512_mask_max_ps(vmax, mask, vmax, v);
-    vtotal = _mm512_add_ps(vtotal, v);
-  }
-  const float max = _mm512_reduce_max_ps(vmax);
-  const __m512 shift = _mm512_set1_ps(max);
-  __m512 vsum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const __mmask16 mask = simd::first_lanes(n - i);
-    const __m512 shifted = _mm512_sub_ps(simd::load(x + i, mask), shift);
-    const __m512 ex = _mm512_maskz_mov_ps(mask, simd::exp_nonpositive(shifted));
-    vsum = _mm512_add_ps(vsum, ex);
-    _mm512_mask_storeu_ps(e + i, mask, ex);
-  }
-  const float sum = _mm512_reduce_add_ps(vsum);
-  if (grad != nullptr) {
-    const __m512 inv = _mm512_set1_ps(scale / sum), off = _mm512_set1_ps(offset);
-    for (int64_t i = 0; i < n; i += kLanes) {
-      const __mmask16 mask = simd::first_lanes(n - i);
-      const __m512 g = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mask, e + i), inv, off);
-      simd::store(grad + i, g, mask);
-    }
-  }
-  return {max + std::log(sum), _mm512_reduce_add_ps(vtotal) / static_cast<float>(n), sum};
-}
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace loss_avx2 {
+using V = simd::Lanes8;
+#include "smoothed_loss_row.h"
+}  // namespace loss_avx2
+#pragma GCC pop_options
 #endif
 
 }  // namespace
 
 // Elsewhere than x86-64 the detected level is generic: never.
-bool smoothed_loss_vectorized() { return cpu_level_at_least(CpuLevel::kAvx512); }
+bool smoothed_loss_vectorized() { return cpu_level_at_least(CpuLevel::kAvx2); }
 
 namespace {
 
 template <typename T>
 void sweep(const T* logits, const int64_t* target, const float* weight, int64_t rows,
            int64_t n, float eps, T* grad, float* lse, float* mean, float* ref) {
-  const bool avx512 = smoothed_loss_vectorized();
+  // The row's loops for this CPU.
+  auto row = &row_scalar<T>;
+#if defined(__x86_64__)
+  if (cpu_level_at_least(CpuLevel::kAvx512)) {
+    row = &loss_avx512::row_lanes<T>;
+  } else if (smoothed_loss_vectorized()) {
+    row = &loss_avx2::row_lanes<T>;
+  }
+#endif
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, n));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> e(static_cast<size_t>(n));
@@ -127,12 +116,7 @@ void sweep(const T* logits, const int64_t* target, const float* weight, int64_t 
       // The gradient is w * (softmax - eps / V) everywhere, less w * (1 - eps) at the
       // target: the passes write the first, the target's element is corrected after.
       const float offset = w * eps / static_cast<float>(n);
-#if defined(__x86_64__)
-      const RowSums sums = avx512 ? row_avx512(x, n, e.data(), g, w, offset)
-                                  : row_scalar(x, n, e.data(), g, w, offset);
-#else
-      const RowSums sums = row_scalar(x, n, e.data(), g, w, offset);
-#endif
+      const RowSums sums = row(x, n, e.data(), g, w, offset);
       lse[r] = sums.lse;
       mean[r] = sums.mean;
       ref[r] = widen(x[t]);

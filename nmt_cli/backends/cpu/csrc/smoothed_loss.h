@@ -13,7 +13,8 @@ namespace nmt {
 // (N) each) and, when `want_grad`, the gradient of the row's smoothed loss with respect
 // to its logits, weight * (softmax - eps / V - (1 - eps) * onehot), in the logits' dtype
 // (an undefined tensor otherwise).
-// Whether the sweep runs its AVX-512 loops here (else its plain ones), at nmt's CPU level.
+// Whether the sweep runs vector loops here (AVX-512 or AVX2 + FMA, by nmt's CPU level;
+// else its plain ones).
 bool smoothed_loss_vectorized();
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> smoothed_loss_sweep(
