@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peer_ct2 import export, one_line_at_a_time
+from peer_launch import Layout
 
 from nmt_cli.text_io import read_lines
 
@@ -65,13 +66,20 @@ def one_at_a_time(name: str, answer: Callable[[str], object], lines: list[str]) 
     return Latency(name, seconds)
 
 
-def server_latency(model: Path, lines: list[str]) -> Latency:
-    """`nmt translate` in a subprocess, fed and read one line at a time through pipes."""
+def server_latency(model: Path, lines: list[str], precision: str) -> Latency:
+    """`nmt translate` in a subprocess, fed and read one line at a time through pipes,
+    pinned to the core CTranslate2 runs on, with one thread as CTranslate2 has."""
     command = [sys.executable, "-m", "nmt_cli", "translate", "-m", str(model), "-q"]
+    command += ["--precision", precision, "--threads", "1"]
+    command, set_affinity = Layout.first(1).pinned(command)
     print("server:", " ".join(command), flush=True)
     with tempfile.TemporaryFile() as errors:
         proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            preexec_fn=set_affinity,
         )
         assert proc.stdin is not None and proc.stdout is not None
         stdin, stdout = proc.stdin, proc.stdout
@@ -86,33 +94,34 @@ def server_latency(model: Path, lines: list[str]) -> Latency:
             return out
 
         try:
-            latency = one_at_a_time("nmt translate process, stdin/stdout", answer, lines)
+            name = f"nmt translate process ({precision}, 1 thread), stdin/stdout"
+            latency = one_at_a_time(name, answer, lines)
         finally:
             stdin.close()
             proc.wait(timeout=60)
     return latency
 
 
-def in_process_latency(model: Path, lines: list[str]) -> Latency:
+def in_process_latency(model: Path, lines: list[str], precision: str) -> Latency:
     from nmt_cli import Translator
 
-    translator = Translator.load(model, batch_sentences=1)
+    translator = Translator.load(model, batch_sentences=1, precision=precision, threads=1)
     name = (
         f"nmt Translator in process, batch 1 ({translator.precision}, {translator.threads} threads)"
     )
     return one_at_a_time(name, translator.translate, lines)
 
 
-def report(model: Path, lines: list[str], ct2_dirs: dict[str, Path]) -> list[Latency]:
+def report(
+    model: Path, lines: list[str], ct2_dirs: dict[str, Path], precisions: list[str]
+) -> list[Latency]:
     """Every system's latency on `lines`, printed as measured."""
     print(f"\none line at a time, {len(lines)} lines, beam 4:", flush=True)
     results = []
-    for measure in (
-        lambda: server_latency(model, lines),
-        lambda: in_process_latency(model, lines),
-    ):
-        results.append(measure())
-        print(" ", results[-1].describe(), flush=True)
+    for precision in precisions:
+        for measure in (server_latency, in_process_latency):
+            results.append(measure(model, lines, precision))
+            print(" ", results[-1].describe(), flush=True)
     for compute_type, model_dir in ct2_dirs.items():
         # CTranslate2 in a process of its own on one core, never beside PyTorch's threads.
         seconds, command = one_line_at_a_time(model_dir, compute_type, lines)
@@ -129,6 +138,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True, help="a trained checkpoint")
     parser.add_argument("--lines", type=int, default=100, help="lines sent one at a time")
     parser.add_argument("--ct2", default="float32,int8", help="CTranslate2 exports to compare")
+    parser.add_argument("--precisions", default="auto,int8", help="nmt's precisions to time")
     args = parser.parse_args()
     print("command:", " ".join(["python", *sys.argv]), flush=True)
     lines = read_lines(args.test_src)[: args.lines]
@@ -136,7 +146,7 @@ def main() -> None:
         dirs = {c: Path(tmp) / f"ct2-{c}" for c in args.ct2.split(",") if c}
         for compute_type, model_dir in dirs.items():
             print("export:", export(args.model, model_dir, compute_type), flush=True)
-        report(args.model, lines, dirs)
+        report(args.model, lines, dirs, args.precisions.split(","))
 
 
 if __name__ == "__main__":

@@ -343,7 +343,7 @@ def interactive(args: argparse.Namespace, lines: list[str], dirs: dict[str, Path
     Translator in this process), CTranslate2 through its worker on one core, one thread."""
     from bench_interactive import report
 
-    report(args.model, lines, dirs)
+    report(args.model, lines, dirs, args.precisions)
 
 
 def cpu_flags() -> set[str]:

@@ -272,15 +272,36 @@ def test_worker_processes_end_without_noise_at_exit(copier: Path) -> None:
 
 
 def test_read_chunks_answers_a_slow_pipe_at_once() -> None:
+    """A writer that waits for each answer: its first line comes after the wait for
+    company, every later one at once (in far less than the wait)."""
     read_fd, write_fd = os.pipe()
     with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb", buffering=0) as writer:
-        chunks = read_chunks(reader, max_lines=1000)
+        chunks = read_chunks(reader, max_lines=1000, wait_s=3.0)
+        for line, within in ((b"first line", 30.0), (b"second line", 1.5), (b"third", 1.5)):
+            got: list[list[str]] = []
+            thread = threading.Thread(target=lambda g=got: g.append(next(chunks)), daemon=True)
+            writer.write(line + b"\n")  # and the writer keeps the pipe open
+            thread.start()
+            thread.join(timeout=within)
+            assert got == [[line.decode()]]
+
+
+def test_read_chunks_gathers_a_bursts_trickling_lines() -> None:
+    """After a chunk of several lines the next one waits for more: a line that comes
+    soon after its first joins it."""
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader, os.fdopen(write_fd, "wb", buffering=0) as writer:
+        writer.write(b"a\nb\n")
+        chunks = read_chunks(reader, max_lines=2, wait_s=600.0)
+        assert next(chunks) == ["a", "b"]  # full: no wait
         got: list[list[str]] = []
         thread = threading.Thread(target=lambda: got.append(next(chunks)), daemon=True)
-        writer.write(b"first line\n")  # and the writer keeps the pipe open
         thread.start()
+        writer.write(b"c\n")
+        time.sleep(0.2)  # far less than the wait: "d" belongs with "c"
+        writer.write(b"d\n")
         thread.join(timeout=10)
-        assert got == [["first line"]]
+        assert got == [["c", "d"]]
 
 
 def test_read_chunks_fills_whole_chunks_from_a_file(tmp_path: Path) -> None:

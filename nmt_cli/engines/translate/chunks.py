@@ -45,12 +45,15 @@ def read_chunks(
     """Chunks of lines as they become available, at most `max_lines` each.
 
     A reader thread feeds a bounded queue. A chunk starts with the next line (waiting for
-    it as long as needed), then takes what else arrives within `wait_s`, then whatever is
-    already queued: a person typing or a program sending one line at a time gets each
-    line translated at once, a file or a fast pipe fills whole chunks (lines that arrive
-    while a chunk is translated queue up for the next), and at most about two chunks of
-    text are ever held. `wait_s` is short because it is paid on every line a server
-    sends: 50 ms here doubled the answer time of a one-line request (~45 ms at batch 1).
+    it as long as needed), then takes whatever is already queued: a file or a fast pipe
+    fills whole chunks (lines that arrive while a chunk is translated queue up for the
+    next), and at most about two chunks of text are ever held. The first chunk, and each
+    one after a chunk of several lines (the input comes in bursts), also takes what
+    arrives within `wait_s` of its first line, so that lines that trickle in are
+    translated together. After a chunk of one line there is no wait: a person typing, or
+    a program that sends a line and waits for its answer, gives chunks of one line, and
+    a wait would be paid on every line (2 ms of a one-line answer's 15-35 ms at batch 1;
+    50 ms once doubled it).
     `decode` turns each raw line into text, in input order: by default the text policy of
     `nmt_cli/text_io.py` (bytes that are not text stop with `name:line`); the CLI passes
     its own, with the user's --on-bad-utf8.
@@ -69,13 +72,13 @@ def read_chunks(
             lines.put(None)
 
     threading.Thread(target=reader, name="nmt-read-ahead", daemon=True).start()
-    ended = False
+    ended, burst = False, True  # the first chunk waits: the input has shown no pace yet
     while not ended:
         item = lines.get()
         if item is None:
             break
         chunk = [decode(item)]
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + (wait_s if burst else 0.0)
         while len(chunk) < max_lines:
             left = deadline - time.monotonic()
             try:
@@ -86,6 +89,7 @@ def read_chunks(
                 ended = True
                 break
             chunk.append(decode(item))
+        burst = len(chunk) > 1
         yield chunk
     if failure:
         raise NmtError(f"{name}: reading failed ({failure[0]}); is the file truncated?")
