@@ -1,6 +1,7 @@
 // The body of training's attention, one sentence (all its heads) at a time, written once
-// over the operations of `Ops` (attention_train.cpp includes it twice: inside a namespace
-// whose `Ops` is plain loops and inside one compiled for AVX-512, so every call inlines).
+// over the operations of `Ops` (attention_train.cpp includes it three times: inside a
+// namespace whose `Ops` is plain loops, and inside one compiled for AVX-512 and one for
+// AVX2 + FMA whose `Ops` are attention_train_lanes.h's, so every call inlines).
 // No include guard and no includes: it is meant to be included inside a namespace, after
 // attention_train.cpp's `Scratch`, `Rows`, `Heads`, `Strided` and `Band`.
 
