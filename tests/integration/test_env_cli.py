@@ -54,14 +54,18 @@ def test_the_report_names_the_versions_the_cpu_and_what_auto_picks(
         "training on the CPU",
     }
     fp32 = data["decoding on the CPU in fp32"]
-    chosen = fp32["linear"].split(" (not ")[0]  # PyTorch's products, on AVX2 the module's
-    avx512 = cpu_level.LEVELS.index(cpu_level.detected_level()) >= cpu_level.LEVELS.index("avx512")
+    chosen = fp32["linear"].split(" (not ")[0]  # the module's from AVX2 up, else PyTorch's
+    avx2 = cpu_level.at_least("avx2")
     assert chosen == (
-        "core's reference (PyTorch operations)"
-        if avx512
-        else "the module's AVX2 fp32 kernel for few rows, PyTorch's product for more"
+        "the module's AVX2 fp32 kernel for few rows, PyTorch's product for more"
+        if avx2
+        else "core's reference (PyTorch operations)"
     )
     assert fp32["decoder step"] == "the module's (C++, one call)"
+    if avx2:
+        width = "AVX-512" if cpu_level.at_least("avx512") else "AVX2"
+        assert fp32["attention"] == f"the module's {width} kernel over the slot cache"
+        assert fp32["log-softmax"] == "the module's passes"
 
 
 def test_a_lowered_level_changes_every_answer_that_depends_on_it(

@@ -264,14 +264,16 @@ def test_the_fast_log_softmax_is_pytorchs_to_a_few_ulp(
         assert not torch.equal(got, want)  # its own passes, not PyTorch's under its name
 
 
+@pytest.mark.parametrize("level", ["native", "generic"])
 def test_models_on_the_modules_products_use_it_and_the_others_pytorchs(
-    kernel: ModuleType,
+    kernel_at: Callable[[str], ModuleType], level: str
 ) -> None:
-    """fp32 keeps PyTorch's log-softmax with PyTorch's products (AVX-512 CPUs) and takes
-    the module's with the module's products (AVX2); bf16 takes it with its kernel."""
+    """fp32 takes the module's log-softmax with the module's products (AVX2 and up) and
+    keeps PyTorch's with PyTorch's (below); bf16 takes it with its kernel."""
+    kernel = kernel_at(level)
     logits = torch.randn(2, 50)
     fp32 = decode_model("fp32", kernel)
-    assert (fp32.own_arithmetic is kernel) == (LEVELS[kernel.cpu_level()] == "avx2")
+    assert (fp32.own_arithmetic is kernel) == (kernel.cpu_level() >= LEVELS.index("avx2"))
     own = fp32.own_arithmetic is not None
     want = kernel.fast_log_softmax(logits) if own else torch.log_softmax(logits, -1)
     assert torch.equal(fp32.log_probs(logits), want)
@@ -416,8 +418,8 @@ def test_each_step_and_its_cache_equal_the_python_step(
 ) -> None:
     """With "int8 without VNNI" the layers are on PyTorch's quantized kernels, as on CPUs
     whose int8 the module cannot run, called from the compiled step through the
-    dispatcher; bf16 and int8 decode over the SlotCache where the CPU runs the module's
-    attention kernel, and fp32 where its products are the module's too (below AVX-512),
+    dispatcher; fp32, bf16 and int8 decode over the SlotCache where the CPU runs the
+    module's attention kernel and its products,
     else over the DecoderCache. At the AVX2 level none of the module's AVX-512 kernels
     runs: the step calls their AVX2 forms or PyTorch's."""
     kernel = kernel_at(level)
@@ -429,7 +431,7 @@ def test_each_step_and_its_cache_equal_the_python_step(
     # where the projection runs on the module's kernel (linear.py's planner)
     level = kernel.cpu_level()
     own = {
-        "fp32": LEVELS.index("avx2") <= level < LEVELS.index("avx512"),
+        "fp32": level >= LEVELS.index("avx2"),
         "bf16": level >= LEVELS.index("avx512_bf16"),
         "int8": level >= LEVELS.index("avx2"),
     }.get(precision, False)

@@ -1,15 +1,15 @@
 """A Transformer wrapped for decoding on a CPU: the backend's one `Searchable`.
 
 The model's linear layers are the planner's choice (backends/cpu/linear.py's
-implementations: PyTorch's for fp32, packed bf16 or int8 layers, on the compiled module's
-kernels or not), made when the model was built. `cpu_decoders` makes the rest of the
+implementations: fp32, packed bf16 or int8 layers, on the compiled module's kernels or
+PyTorch's), made when the model was built. `cpu_decoders` makes the rest of the
 choice of arithmetic for each model, from that one: the output projection in the same
 form, whether the module's log-softmax and attention kernel (with the SlotCache) take
 part, and whether the compiled step runs the whole step. The rule:
 the module's own arithmetic, which differs from PyTorch's in the last bits, only where the
-output projection already runs on its kernels (bf16 and int8 on CPUs that have them, fp32
-where its few-row products are the module's: AVX2-only CPUs), so fp32 models on PyTorch's
-products keep PyTorch's exact scores; the model-shaped parts (compiled step, attention
+output projection already runs on its kernels (fp32 and int8 on CPUs with AVX2 and up,
+bf16 on those with AVX-512 BF16), so models on PyTorch's products keep PyTorch's exact
+scores; the model-shaped parts (compiled step, attention
 kernel) only for models whose settings backends/cpu/support.py declares implemented.
 
 `CpuDecoder.decode_step` is core's reference step (Transformer.step_hidden) followed by
@@ -75,8 +75,7 @@ class CpuDecoder(nn.Module):
         self.projection = projection
         # The module's own arithmetic (log-softmax, attention), which differs from
         # PyTorch's in the last bits, only where the projection already runs on its
-        # kernels (bf16, int8; fp32 on AVX2), so that fp32 models on PyTorch's products
-        # keep PyTorch's exact scores.
+        # kernels, so that models on PyTorch's products keep PyTorch's exact scores.
         own = getattr(projection, "kernel", None) if kernel is not None else None
         self.own_arithmetic: ModuleType | None = own
         self.attention_kernel = (

@@ -1,4 +1,4 @@
-"""Linear layers re-laid-out once for decoding on a CPU: fp32 on AVX2, packed bf16, int8.
+"""Linear layers re-laid-out once for decoding on a CPU: fp32, packed bf16, int8.
 
 A trained model's `nn.Linear` layers are right for training, where weights change every
 step. Decoding calls the same few matrices thousands of times with a handful of rows
@@ -13,13 +13,14 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   to 32 sentences at beam 4) run there: oneDNN's fixed cost a call is most of a product
   of a few rows, the module's kernel has none, and from 256 rows on the two are even
   (BENCHMARKS.md).
-- fp32 on CPUs whose level in force is AVX2 (no AVX-512): `Fp32Linear` keeps the weight
-  as it is and, given the compiled module, in its layout too: products of up to 32 rows
-  (a beam-4 step of up to 8 sentences) run on the module's AVX2 kernel, 1.2-2.1x faster
-  than MKL's at 4 rows there and 1.1-1.2x at 16, where MKL's blocking costs more than the
-  arithmetic; more rows stay PyTorch's (BENCHMARKS.md). Its sums run in order of K, so an fp32 model
-  decodes within float32's rounding of PyTorch's product, not bit for bit. On AVX-512
-  CPUs MKL's own few-row products are as fast, and fp32 keeps PyTorch's, exactly.
+- fp32 on CPUs with AVX2 and up: `Fp32Linear` keeps the weight as it is and, given the
+  compiled module, in its layout too: products of up to 32 rows (a beam-4 step of up to
+  8 sentences) run on the module's AVX2 kernel, where MKL's blocking costs more than the
+  arithmetic (1.2-2.1x faster than MKL's at 4 rows on AVX2, 1.1-1.2x at 16; on a
+  Sapphire Rapids, MKL's AVX-512 products made a one-sentence step a third slower);
+  more rows stay PyTorch's (BENCHMARKS.md). Its sums run in order of K, so an fp32 model
+  decodes within float32's rounding of PyTorch's product, not bit for bit (without the
+  compiled module, or below AVX2, it decodes on PyTorch's products, exactly).
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do): per row in the compiled module's kernel (AVX-512
@@ -53,7 +54,7 @@ from torch import Tensor
 
 from nmt_cli.backends.plan import Implementation, Target
 from nmt_cli.core.step_linear import StepLinear
-from nmt_cli.cpu_level import LEVELS, cpu_flags, cpu_level
+from nmt_cli.cpu_level import cpu_flags, cpu_level
 from nmt_cli.errors import NmtError
 
 
@@ -335,15 +336,6 @@ def implementations() -> list[Implementation]:
 
         return refuses
 
-    def module_fp32_refuses(target: Target) -> str | None:
-        refusal = module_refuses("fp32_kernel_available", "avx2")(target)
-        if refusal is not None or target.kernel is None:
-            return refusal
-        level = LEVELS[target.kernel.cpu_level()]  # the level the module's kernels run at
-        if LEVELS.index(level) >= LEVELS.index("avx512"):
-            return f"at the CPU level {level} PyTorch's own few-row products are as fast"
-        return None
-
     def module_bf16_refuses(target: Target) -> str | None:  # oneDNN's for many rows
         module = module_refuses("bf16_kernel_available", "avx512_bf16")
         return module(target) or onednn_refuses(target)
@@ -359,7 +351,7 @@ def implementations() -> list[Implementation]:
         Implementation(
             "linear",
             "the module's AVX2 fp32 kernel for few rows, PyTorch's product for more",
-            module_fp32_refuses,
+            module_refuses("fp32_kernel_available", "avx2"),
             lambda target: DecodeLinears(Fp32Linear, target.kernel),
             "cpu", training=False, precision="fp32",
         ),

@@ -8,8 +8,8 @@ back-pointers says where each row's ancestors are; the module's attention kernel
 (csrc/attention.cpp) follows the table, and serves cross-attention with one copy of each
 source's keys for all its beams. A reorder moves the table, not the keys. The kernel
 sums in another order than PyTorch's products, so only models whose arithmetic already
-differs in the last bits (bf16, int8, and fp32 on the module's AVX2 products) decode
-over it (backends/cpu/decoder.py decides).
+differs in the last bits (those on the module's products: fp32, bf16, int8) decode over
+it (backends/cpu/decoder.py decides).
 """
 
 from __future__ import annotations

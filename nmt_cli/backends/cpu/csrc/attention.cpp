@@ -12,10 +12,10 @@
 // whatever the storage dtype. Cross-attention reads the encoder's keys once per source,
 // not once per beam.
 //
-// Sums are taken in another order than PyTorch's products take them, so fp32 models on
+// Sums are taken in another order than PyTorch's products take them, so models on
 // PyTorch's products keep PyTorch's attention (their outputs are promised identical to
-// the Python step's over the contiguous cache); bf16 and int8 models, and fp32 ones on
-// the module's AVX2 products, use this one (backends/cpu/decoder.py decides). The body
+// the Python step's over the contiguous cache); models whose products are the module's
+// (fp32, bf16 and int8) use this one (backends/cpu/decoder.py decides). The body
 // (attention_body.h) is written once and compiled for AVX-512 and for AVX2 + FMA.
 #include "attention.h"
 #include "cpu_level.h"
