@@ -46,7 +46,15 @@ PRELUDE = """
 import ctypes, math, os, subprocess, sys, threading, time
 from nmt_cli.engines.train import layout, loop, step
 
+said, saying = set(), threading.Lock()
+
 def say(text):
+    # Once a stall: where several threads block (the probe's workers), a second line
+    # after the run's error line would not be the last one.
+    with saying:
+        if text in said:
+            return
+        said.add(text)
     print("STALL " + text, file=sys.stderr, flush=True)
 
 def native_block(name):
