@@ -18,7 +18,6 @@ from typing import cast
 
 import pytest
 import torch
-import torch.nn.functional as F
 from decode_models import backend_decoder, decode_model, random_model, wrap
 from reverser import reverse_batch
 from torch import Tensor
@@ -221,7 +220,8 @@ def test_the_fp32_kernel_is_the_exact_product_to_k_roundings_and_alike_in_any_ba
 ) -> None:
     """Against float64: within K + 2 roundings of 2^-24 of |x| |W|^T + |b| (+ |r|), in each
     fused form; a row's result the same bits whatever rows share its tile (1 to 4 rows take
-    different register tiles); from kernel_rows + 1 rows on, PyTorch's product itself."""
+    different register tiles); from kernel_rows + 1 rows on, PyTorch's product, then the
+    bias, the ReLU and the residual in one pass (each one rounding, as PyTorch's own)."""
     kernel = kernel_at("avx2")
     if not kernel.fp32_kernel_available():
         pytest.skip("this CPU has no AVX2")
@@ -241,7 +241,11 @@ def test_the_fp32_kernel_is_the_exact_product_to_k_roundings_and_alike_in_any_ba
     assert all(torch.equal(layer(x[:rows]), alone[:rows]) for rows in range(1, 8))
     assert torch.equal(layer(x), alone)
     many = torch.randn(kernel.fp32_kernel_rows() + 1, k, generator=g)
-    assert torch.equal(layer(many), F.linear(many, w, b))
+    residual = torch.randn(many.size(0), n, generator=g)
+    product = torch.mm(many, w.T) + b
+    assert torch.equal(layer(many), product)
+    assert torch.equal(layer.relu(many), product.clamp(min=0))
+    assert torch.equal(layer.add(many, residual), residual + product)
 
 
 @pytest.mark.parametrize("level", ["native", "avx2"])

@@ -129,7 +129,7 @@ class Fp32Linear(DecodeLinear):
     def load(self, weight: Tensor, bias: Tensor | None) -> None:
         assert self.kernel is not None, "Fp32Linear is the module's layer"
         self.weight = weight.detach().float().contiguous()
-        self.bias = None if bias is None else bias.detach().float()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
         self.rows = self.kernel.pack_fp32(self.weight)
 
     def _rows(self, x: Tensor, residual: Tensor | None, relu: bool) -> Tensor:
@@ -225,7 +225,7 @@ class Int8Linear(DecodeLinear):
 
     def load(self, weight: Tensor, bias: Tensor | None) -> None:
         weight = weight.detach().float()
-        self.bias = None if bias is None else bias.detach().float()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
         if self.kernel is not None:
             self.rows, self.scale, self.column_sum = self.kernel.pack_int8(weight)
             return
