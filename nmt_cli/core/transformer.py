@@ -193,8 +193,6 @@ class EncoderLayer(Sublayers):
     ) -> tuple[Tensor, Tensor | None]:
         a, weights = self.self_attn(self.before(self.norm1, x), None, src_mask, False, need_weights)
         x = self.after(self.norm1, self.dropout.add(x, a))
-        if not self.training:  # no dropout: the ReLU and residual add fused where they can be
-            return self.after(self.norm2, self.ffn.step(self.before(self.norm2, x), x)), weights
         f = self.ffn(self.before(self.norm2, x))
         return self.after(self.norm2, self.dropout.add(x, f)), weights
 
