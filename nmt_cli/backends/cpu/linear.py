@@ -18,7 +18,8 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   8 sentences) run on the module's AVX2 kernel, where MKL's blocking costs more than the
   arithmetic (1.2-2.1x faster than MKL's at 4 rows on AVX2, 1.1-1.2x at 16; on a
   Sapphire Rapids, MKL's AVX-512 products made a one-sentence step a third slower);
-  more rows stay PyTorch's (BENCHMARKS.md). Its sums run in order of K, so an fp32 model
+  more rows take PyTorch's product, then the bias, ReLU and residual in one pass
+  (BENCHMARKS.md). Its sums run in order of K, so an fp32 model
   decodes within float32's rounding of PyTorch's product, not bit for bit (without the
   compiled module, or below AVX2, it decodes on PyTorch's products, exactly).
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
