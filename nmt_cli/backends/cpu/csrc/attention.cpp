@@ -86,11 +86,9 @@ using V = simd::Lanes8;
 template <typename Q, typename KV, typename Rows>
 void dispatch_level(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                     const Rows& rows, const Shape& sh, at::Tensor& out, float* weights) {
-  if (cpu_level_at_least(CpuLevel::kAvx512)) {
-    attend_avx512::dispatch_width<Q, KV>(q, keys, values, rows, sh, out, weights);
-  } else {
-    attend_avx2::dispatch_width<Q, KV>(q, keys, values, rows, sh, out, weights);
-  }
+  const auto body = simd::by_level(&attend_avx512::dispatch_width<Q, KV, Rows>,
+                                   &attend_avx2::dispatch_width<Q, KV, Rows>);
+  body(q, keys, values, rows, sh, out, weights);
 }
 
 template <typename Rows>

@@ -234,22 +234,24 @@ void each_sentence(std::initializer_list<const at::Tensor*> ahead, int64_t B, in
 
 // The body's instantiation for this CPU.
 template <typename T>
-auto forward_kernel(bool simd) {
+auto forward_kernel(bool vector) {
 #if defined(__x86_64__)
-  if (simd && cpu_level_at_least(CpuLevel::kAvx512)) return &train_avx512::forward_sentence<T>;
-  if (simd) return &train_avx2::forward_sentence<T>;
+  if (vector) {
+    return simd::by_level(&train_avx512::forward_sentence<T>, &train_avx2::forward_sentence<T>);
+  }
 #endif
-  (void)simd;
+  (void)vector;
   return &plain::forward_sentence<T>;
 }
 
 template <typename T>
-auto backward_kernel(bool simd) {
+auto backward_kernel(bool vector) {
 #if defined(__x86_64__)
-  if (simd && cpu_level_at_least(CpuLevel::kAvx512)) return &train_avx512::backward_sentence<T>;
-  if (simd) return &train_avx2::backward_sentence<T>;
+  if (vector) {
+    return simd::by_level(&train_avx512::backward_sentence<T>, &train_avx2::backward_sentence<T>);
+  }
 #endif
-  (void)simd;
+  (void)vector;
   return &plain::backward_sentence<T>;
 }
 

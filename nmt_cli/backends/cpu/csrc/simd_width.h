@@ -16,10 +16,18 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu_level.h"
 #include "simd_exp.h"
 #include "simd_lanes.h"
 
 namespace nmt::simd {
+
+// Which compilation of a body written over these lanes runs: sixteen lanes from the
+// AVX-512 level in force up, eight below it (the caller has checked for AVX2 + FMA).
+template <typename F>
+F by_level(F lanes16, F lanes8) {
+  return cpu_level_at_least(CpuLevel::kAvx512) ? lanes16 : lanes8;
+}
 
 #define NMT_LANES16 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 #define NMT_LANES8 __attribute__((target("avx2,fma")))

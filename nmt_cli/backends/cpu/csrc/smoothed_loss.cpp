@@ -99,10 +99,8 @@ void sweep(const T* logits, const int64_t* target, const float* weight, int64_t 
   // The row's loops for this CPU.
   auto row = &row_scalar<T>;
 #if defined(__x86_64__)
-  if (cpu_level_at_least(CpuLevel::kAvx512)) {
-    row = &loss_avx512::row_lanes<T>;
-  } else if (smoothed_loss_vectorized()) {
-    row = &loss_avx2::row_lanes<T>;
+  if (smoothed_loss_vectorized()) {
+    row = simd::by_level(&loss_avx512::row_lanes<T>, &loss_avx2::row_lanes<T>);
   }
 #endif
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, n));
