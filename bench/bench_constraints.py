@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.core import search
+from nmt_cli.core.beam_advance import decode_then_advance
 from nmt_cli.core.checkpoint import build_transformer
 from nmt_cli.core.transformer import ModelConfig, Transformer
 from nmt_cli.cpu_level import cpu_level
@@ -90,6 +91,8 @@ class Counted:
     def decode_step(self, last: Tensor, *args: Any, **kwargs: Any) -> Any:
         self.rows += last.numel()
         return self.model.decode_step(last, *args, **kwargs)
+
+    decode_advance = decode_then_advance  # through the counting decode_step
 
 
 def timed(run: Callable[[], Any]) -> tuple[float, Any]:

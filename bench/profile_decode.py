@@ -45,16 +45,30 @@ def main() -> None:
     translator = Translator.from_checkpoint(load_checkpoint(args.model), cfg, 1)
     translator.translate_chunk(lines[:8])  # warm-up: kernels, allocator
 
-    # Decoder steps, counted at the model: no operator runs exactly once a step.
+    # Decoder steps, counted at the model: no operator runs exactly once a step. Beam
+    # search takes its first step through decode_step and the others through
+    # decode_advance, which may call decode_step in turn (counted once).
     steps = 0
-    step = translator.model.decode_step
+    within = False
+    model = translator.model
+    step, whole_step = model.decode_step, model.decode_advance
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal steps
-        steps += 1
+        steps += not within
         return step(*args, **kwargs)
 
-    translator.model.decode_step = counted  # type: ignore[method-assign]
+    def counted_whole(*args: Any, **kwargs: Any) -> Any:
+        nonlocal steps, within
+        steps += 1
+        within = True
+        try:
+            return whole_step(*args, **kwargs)
+        finally:
+            within = False
+
+    model.decode_step = counted  # type: ignore[method-assign]
+    model.decode_advance = counted_whole  # type: ignore[method-assign]
     start = time.perf_counter()
     results = translator.translate_chunk(lines)
     wall = time.perf_counter() - start

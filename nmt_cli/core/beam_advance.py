@@ -6,13 +6,20 @@ the books: which row each continues, its tokens so far, which ones end. `torch_a
 does that in a dozen tensor operations on any device, the reference; a backend may do
 the same in one call (the CPU backend's `beam_advance`, tested against it), and the
 model search decodes says which (`Searchable.advance`).
+
+A whole step of beam search after its first is `decode_then_advance`: the model's
+log-probabilities, EOS forced on the rows at their length limit, then `advance`. A model
+may do the same without ever writing the log-probabilities out (the CPU backend's fused
+log-softmax and choice, tested equal to it): search asks the model for the whole step
+(`Searchable.decode_advance`), and every model that has nothing faster answers with
+`decode_then_advance`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -63,3 +70,41 @@ def mask_specials(lprobs: Tensor) -> None:
     """Padding and BOS are never generated: one fill of the strided view over both
     columns (no index tensor to build or copy to a GPU every step)."""
     lprobs[:, PAD_ID : BOS_ID + 1 : BOS_ID - PAD_ID].fill_(-math.inf)
+
+
+def force_eos(lprobs: Tensor, rows: Tensor) -> None:
+    """Rows that reached their maximum length may only end: everything but EOS is -inf."""
+    eos = lprobs[rows, EOS_ID]
+    lprobs[rows] = -math.inf
+    lprobs[rows, EOS_ID] = eos
+
+
+class _Steps(Protocol):
+    """What decode_then_advance needs of a model (core/search.py's Searchable has it)."""
+
+    def decode_step(
+        self, last_tokens: Tensor, memory: Any, src_mask: Tensor, cache: Any
+    ) -> tuple[Tensor, Any]: ...
+
+    def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance: ...
+
+
+def decode_then_advance(
+    model: _Steps,
+    last_tokens: Tensor,
+    memory: Any,
+    src_mask: Tensor,
+    cache: Any,
+    cum: Tensor,
+    history: Tensor,
+    k: int,
+    at_limit: Tensor | None,
+) -> Advance:
+    """One step of beam search after the first, the reference: the model's
+    log-probabilities for the rows' newest tokens, EOS forced on the rows `at_limit`
+    (rows,) marks (None: none), then the model's `advance` over the running scores `cum`
+    (rows,) and the histories."""
+    lprobs, _ = model.decode_step(last_tokens, memory, src_mask, cache)
+    if at_limit is not None:
+        force_eos(lprobs, at_limit.nonzero().squeeze(1))
+    return model.advance(lprobs, cum, history, k)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from nmt_cli.core.beam_advance import Advance
+from nmt_cli.core.beam_advance import Advance, decode_then_advance
 
 
 class ConstraintState(Protocol):
@@ -124,6 +124,8 @@ class Constrained:
     def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
         chosen = self.state.choose(lprobs, cum, history, k)
         return chosen if chosen is not None else self.model.advance(lprobs, cum, history, k)
+
+    decode_advance = decode_then_advance  # the constraint masks the log-probabilities
 
     def reorder(self, index: Tensor) -> None:
         self.state.reorder(index)

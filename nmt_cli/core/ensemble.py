@@ -22,7 +22,7 @@ from typing import Any, Protocol, cast
 
 from torch import Tensor, nn
 
-from nmt_cli.core.beam_advance import Advance
+from nmt_cli.core.beam_advance import Advance, decode_then_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.vocab import Vocab, VocabPair
@@ -59,6 +59,18 @@ class Member(Protocol):
     ) -> tuple[Tensor, list[Tensor] | None]: ...
 
     def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance: ...
+
+    def decode_advance(
+        self,
+        last_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: Any,
+        cum: Tensor,
+        history: Tensor,
+        k: int,
+        at_limit: Tensor | None,
+    ) -> Advance: ...
 
     def slots(self, open_sentences: int, beam: int) -> int: ...
 
@@ -113,6 +125,9 @@ class Ensemble(nn.Module):
     def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
         """The first member's: members are built alike, so all would choose the same."""
         return self.models()[0].advance(lprobs, cum, history, k)
+
+    # A whole beam step: the reference, since the members' mean is of their log-probabilities.
+    decode_advance = decode_then_advance
 
     def slots(self, open_sentences: int, beam: int) -> int:
         """The most any member keeps, so no member sees a batch shape it would avoid."""

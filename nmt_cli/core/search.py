@@ -1,7 +1,7 @@
 """Greedy and batched beam search over the model's incremental-decoding interface only.
 
 Search sees the model through `Searchable`: `source_mask`, `encode`, `new_cache`,
-`decode_step`, `advance`, `slots`, the cache's `reorder` and `reserve`, and
+`decode_step`, `advance`, `decode_advance`, `slots`, the cache's `reorder` and `reserve`, and
 `max_positions`. It knows nothing of layers or kernels, so anything with that interface
 is searched the same way: one Transformer, a backend's wrapper of one, an `Ensemble`
 of them (core/ensemble.py, Sockeye's design: the ensemble is a model, search has no
@@ -42,7 +42,13 @@ from typing import Any, Protocol, TypeVar
 import torch
 from torch import Tensor
 
-from nmt_cli.core.beam_advance import Advance, mask_specials, with_ends
+from nmt_cli.core.beam_advance import (
+    Advance,
+    decode_then_advance,
+    force_eos,
+    mask_specials,
+    with_ends,
+)
 from nmt_cli.core.constraints import ConstraintState, constrain
 from nmt_cli.core.search_trace import Trace
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -100,6 +106,22 @@ class Searchable(Protocol):
         is the reference)."""
         ...
 
+    def decode_advance(
+        self,
+        last_tokens: Tensor,
+        memory: Any,
+        src_mask: Tensor,
+        cache: Any,
+        cum: Tensor,
+        history: Tensor,
+        k: int,
+        at_limit: Tensor | None,
+    ) -> Advance:
+        """A whole step of beam search after the first, when nothing is recorded:
+        core/beam_advance.py's `decode_then_advance` (decode_step, EOS forced on the
+        rows `at_limit` marks, advance) or the same results by a faster route."""
+        ...
+
     def slots(self, open_sentences: int, beam: int) -> int:
         """Sentence slots the batch keeps for `open_sentences` still open: at least that
         many; more keeps finished ones as filler, for implementations whose cost depends
@@ -129,13 +151,6 @@ def max_output_lengths(
     if max_positions is not None:
         limit = limit.clamp(max=max_positions - 1)
     return limit
-
-
-def _force_eos(lprobs: Tensor, rows: Tensor) -> None:
-    """Rows that reached their maximum length may only end: everything but EOS is -inf."""
-    eos = lprobs[rows, EOS_ID]
-    lprobs[rows] = -math.inf
-    lprobs[rows, EOS_ID] = eos
 
 
 @torch.inference_mode()
@@ -173,7 +188,7 @@ def greedy_search(
         mask_specials(lprobs)
         forcing = step >= first_limit and bool((at_limit := limit[alive] <= step).any())
         if forcing:
-            _force_eos(lprobs, at_limit.nonzero().squeeze(1))
+            force_eos(lprobs, at_limit.nonzero().squeeze(1))
         best_lp, tokens = lprobs.max(dim=-1)
         if forcing:  # even if the model gives EOS no probability at all
             tokens = tokens.masked_fill(at_limit, EOS_ID)
@@ -257,7 +272,10 @@ class _BeamSearch:
         self.ends: dict[int, tuple[int, int]] = {}  # id(hypothesis) -> its (step, row)
         self.any_finished = False
 
-    def _step(self, tokens: Tensor, memory: Any, src_mask: Tensor, cache: Any) -> Tensor:
+    def decode_step(
+        self, tokens: Tensor, memory: Any, src_mask: Tensor, cache: Any
+    ) -> tuple[Tensor, None]:
+        """The model's step, its attention weights recorded when tracing."""
         if self.trace is None:
             lprobs, _ = self.model.decode_step(tokens, memory, src_mask, cache)
         else:
@@ -265,7 +283,14 @@ class _BeamSearch:
                 tokens, memory, src_mask, cache, need_weights=True
             )
             self.trace.add(weights)
-        return lprobs
+        return lprobs, None
+
+    def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
+        return self.model.advance(lprobs, cum, history, k)
+
+    def decode_advance(self, *step: Any) -> Advance:
+        """The reference step (decode_then_advance) through the two above."""
+        return decode_then_advance(self, *step)
 
     def run(self) -> list[list[Hypothesis]]:
         model, src, k = self.model, self.src, self.k
@@ -277,11 +302,11 @@ class _BeamSearch:
 
         # Step 0: one row per sentence, since every beam starts from the same BOS.
         bos = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
-        lprobs = self._step(bos, memory, src_mask, cache)
+        lprobs, _ = self.decode_step(bos, memory, src_mask, cache)
         mask_specials(lprobs)
         zero_limit = self.limit <= 0
         if bool(zero_limit.any()):
-            _force_eos(lprobs, zero_limit.nonzero().squeeze(1))
+            force_eos(lprobs, zero_limit.nonzero().squeeze(1))
         width = min(k, lprobs.size(1))
         top_lp, top_tok = lprobs.topk(width, dim=1)  # (N, width)
         if width < k:
@@ -320,11 +345,12 @@ class _BeamSearch:
                     open_set = _OpenSentences(self, sent_ids, k)
                     if self.trace is not None:
                         self.trace.keep(rows)
-            lprobs = self._step(tokens, memory, src_mask, cache)
+            at_limit = None
             if step >= open_set.first_limit:
-                at_limit = self.limit[sent_ids] <= step
-                _force_eos(lprobs, at_limit.repeat_interleave(k).nonzero().squeeze(1))
-            chosen = model.advance(lprobs, cum.view(-1), history, k)
+                at_limit = (self.limit[sent_ids] <= step).repeat_interleave(k)
+            # Recording, the reference step through this search's own decode_step.
+            stepper = model.decode_advance if self.trace is None else self.decode_advance
+            chosen = stepper(tokens, memory, src_mask, cache, cum.view(-1), history, k, at_limit)
             self._settle(chosen, sent_ids, step)
             # Beams reorder within their sentence: the cross-attention keys stay valid.
             cache.reorder(chosen.origin, cross=False)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.core.attention import attention_with_weights
-from nmt_cli.core.beam_advance import torch_advance
+from nmt_cli.core.beam_advance import decode_then_advance, torch_advance
 from nmt_cli.core.cache import AttentionCache, DecoderCache, StepCache
 from nmt_cli.core.dropout import Dropout
 from nmt_cli.core.embedding import Embedding, sinusoidal_positions
@@ -347,6 +347,7 @@ class Transformer(nn.Module):
         return self.logits(hidden) if project else hidden
 
     advance = staticmethod(torch_advance)  # search's bookkeeping: the reference
+    decode_advance = decode_then_advance  # a whole beam step: the reference
 
     def slots(self, open_sentences: int, beam: int) -> int:
         """The reference keeps no finished sentence as filler."""

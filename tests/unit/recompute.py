@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt_cli.core.beam_advance import decode_then_advance
 from nmt_cli.core.transformer import Transformer
 
 
@@ -43,6 +44,8 @@ class FullRecompute:
         self.model = model
         self.max_positions = model.max_positions
         self.advance, self.slots = model.advance, model.slots
+
+    decode_advance = decode_then_advance  # through the recomputing decode_step
 
     def source_mask(self, src: Tensor) -> Tensor:
         return self.model.source_mask(src)

@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import cast
@@ -32,7 +33,7 @@ from nmt_cli.backends.cpu.linear import (
     packed_bf16_available,
 )
 from nmt_cli.backends.cpu.slot_cache import SlotCache
-from nmt_cli.core.beam_advance import torch_advance
+from nmt_cli.core.beam_advance import Advance, decode_then_advance, force_eos, torch_advance
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.checkpoint import Checkpoint, model_state
 from nmt_cli.core.ensemble import Ensemble
@@ -364,6 +365,60 @@ def test_the_compiled_bookkeeping_equals_pytorchs(
     assert not bool((got.tokens[live] == 0).any() | (got.tokens[live] == 2).any())
 
 
+def _unfused(
+    kernel: ModuleType, logits: Tensor, cum: Tensor, history: Tensor, k: int, forced: Tensor | None
+) -> Advance:
+    """What search does without the fused step: the module's log-softmax, EOS forced on
+    the marked rows, the module's bookkeeping."""
+    lprobs = kernel.fast_log_softmax(logits)
+    if forced is not None:
+        force_eos(lprobs, forced.nonzero().squeeze(1))
+    return kernel_advance(kernel)(lprobs, cum, history, k)
+
+
+@pytest.mark.parametrize("level", ["native", "avx2", "generic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("sentences", "k", "vocab"), [(1, 4, 50), (3, 4, 8003), (5, 1, 7)])
+def test_the_fused_log_softmax_and_choice_equal_the_two_steps_bit_for_bit(
+    kernel_at: Callable[[str], ModuleType],
+    level: str,
+    dtype: torch.dtype,
+    sentences: int,
+    k: int,
+    vocab: int,
+) -> None:
+    """beam_choose against fast_log_softmax, forcing EOS and beam_advance, at every level
+    (bf16 logits below AVX-512 and everything at the generic level take the unfused steps
+    inside the call): the same scores to the bit, the same tokens, origins and
+    histories. Logits with ties (rounded to steps of 1/8), a row forced to EOS, a closed
+    beam, EOS and the banned PAD and BOS among the best, vocabularies off the vector width
+    (tails)."""
+    kernel = kernel_at(level)
+    g = torch.Generator().manual_seed(sentences * vocab)
+    rows = sentences * k
+    logits = (torch.randn(rows, vocab, generator=g) * 3 * 8).round() / 8
+    logits[::2, 3] += 6.0  # EOS among the best of every other row
+    logits[:, [0, 2]] += 9.0  # PAD and BOS would win were they not banned
+    logits = logits.to(dtype)
+    cum = (-torch.rand(rows, generator=g) * 3 * 8).round() / 8
+    cum[rows - 1] = float("-inf")  # a closed beam
+    history = torch.randint(4, vocab, (rows, 5), generator=g)
+    forced = torch.zeros(rows, dtype=torch.bool)
+    forced[rows // 2] = True
+    for marks in (None, forced):
+        want = _unfused(kernel, logits, cum, history, k, marks)
+        got = Advance(*kernel.beam_choose(logits, cum, history, k, 3, [0, 2], marks))
+        assert got.any_ended == want.any_ended
+        for name in ("top_lp", "cum", "ended", "tokens", "origin", "history"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+    if k > 1:  # the forced row's one candidate is EOS
+        sentence = rows // 2 // k
+        chosen = (got.origin.view(sentences, k)[sentence] == rows // 2) & (
+            got.top_lp[sentence] > float("-inf")
+        )
+        assert bool((got.tokens[sentence][chosen] == 3).all())
+
+
 def test_candidate_selection_ranks_ties_by_index_and_fills_with_minus_inf(
     kernel: ModuleType,
 ) -> None:
@@ -539,6 +594,29 @@ def test_beam_search_is_unchanged(kernel: ModuleType, precision: str, beam: int)
                 nbest=beam,
             ),
         )
+
+
+@pytest.mark.parametrize("level", ["native", "avx2"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_search_on_the_fused_step_finds_what_the_reference_step_finds(
+    kernel_at: Callable[[str], ModuleType], level: str, precision: str, compiled: bool
+) -> None:
+    """CpuDecoder.decode_advance (logits to the fused log-softmax and choice, where the
+    log-softmax is the module's) against core's decode_then_advance over the same
+    decoder: the same hypotheses and scores, with rows reaching their length limit
+    (EOS forced) and sentences leaving the batch."""
+    model = decode_model(precision, kernel_at(level), compiled=compiled)
+    src = _sources()
+
+    def run() -> list:
+        return beam_search(model, src, 4, max_len_a=0.5, max_len_b=3, nbest=2)
+
+    fused = run()
+    model.decode_advance = partial(decode_then_advance, model)  # type: ignore[method-assign]
+    _same_hypotheses(fused, run())
+    if model.own_arithmetic is not None:
+        assert "fused" in model.paths()["beam bookkeeping"]
 
 
 def test_sentences_that_finish_leave_the_batch_the_same_way(

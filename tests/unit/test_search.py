@@ -14,7 +14,7 @@ from reverser import reverse_batch
 from torch import Tensor
 
 from nmt_cli.backends.cpu.decoder import batch_bucket
-from nmt_cli.core.beam_advance import torch_advance
+from nmt_cli.core.beam_advance import decode_then_advance, torch_advance
 from nmt_cli.core.search import (
     Hypothesis,
     beam_search,
@@ -54,6 +54,7 @@ class ScriptedModel:
 
     max_positions = None
     advance = staticmethod(torch_advance)
+    decode_advance = decode_then_advance
 
     def __init__(
         self,

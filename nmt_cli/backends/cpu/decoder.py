@@ -32,7 +32,7 @@ from nmt_cli.backends.cpu.linear import DecodeLinear, DecodeLinears
 from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.backends.cpu.step import CompiledStep
 from nmt_cli.backends.cpu.support import unsupported
-from nmt_cli.core.beam_advance import Advance, BeamAdvance, torch_advance
+from nmt_cli.core.beam_advance import Advance, BeamAdvance, decode_then_advance, torch_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.step_linear import LinearLayer, StepLinear, linear
@@ -133,11 +133,45 @@ class CpuDecoder(nn.Module):
                 self._cache_memory(memory, src_mask, cache)
             return self.step(last_tokens, cache), None
         hidden, weights = self.model.step_hidden(last_tokens, memory, src_mask, cache, need_weights)
+        return self.log_probs(self._project(hidden)), weights
+
+    def decode_advance(
+        self,
+        last_tokens: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: Any,
+        cum: Tensor,
+        history: Tensor,
+        k: int,
+        at_limit: Tensor | None,
+    ) -> Advance:
+        """Search's beam step after the first. Where the log-softmax is the module's, the
+        step's logits go straight to its fused log-softmax and choice
+        (csrc/beam_choose.cpp): the reference's results bit for bit, without writing
+        the log-probabilities out and reading them back."""
+        if self.own_arithmetic is None:
+            step = (last_tokens, memory, src_mask, cache, cum, history, k, at_limit)
+            return decode_then_advance(self, *step)
+        logits = self._logits(last_tokens, memory, src_mask, cache)
+        banned = [PAD_ID, BOS_ID]
+        chosen = self.own_arithmetic.beam_choose(logits, cum, history, k, EOS_ID, banned, at_limit)
+        return Advance(*chosen)
+
+    def _logits(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any) -> Tensor:
+        """decode_step's output layer before its log-softmax, by the same step."""
+        if self.step is not None:
+            if cache.length == 0:
+                self._cache_memory(memory, src_mask, cache)
+            return self.step(last_tokens, cache, log_probs=False)
+        hidden, _ = self.model.step_hidden(last_tokens, memory, src_mask, cache)
+        return self._project(hidden)
+
+    def _project(self, hidden: Tensor) -> Tensor:
+        """The output projection: the decode-only one, else the tied embedding."""
         if self.projection is None:
-            logits = self.model.logits(hidden)
-        else:
-            logits = linear(self.projection, hidden)
-        return self.log_probs(logits), weights
+            return self.model.logits(hidden)
+        return linear(self.projection, hidden)
 
     def _cache_memory(self, memory: Tensor, src_mask: Tensor, cache: StepCache) -> None:
         """Every decoder layer's cross-attention keys/values of `memory` in `cache`: the
@@ -186,7 +220,13 @@ class CpuDecoder(nn.Module):
                 if self.attention_kernel is not None
                 else "PyTorch's operations over core's cache"
             ),
-            "beam bookkeeping": "PyTorch's" if self.advance is torch_advance else "the module's",
+            "beam bookkeeping": (
+                "PyTorch's"
+                if self.advance is torch_advance
+                else "the module's, fused with its log-softmax"
+                if self.own_arithmetic is not None
+                else "the module's"
+            ),
         }
 
     def _attention_width(self) -> str:

@@ -119,13 +119,18 @@ class CompiledStep:
         spec = step_spec(model, projection, module_log_softmax)
         self.kernel = kernel.DecoderStep(as_arguments(spec))
 
-    def __call__(self, tokens: Tensor, cache: DecoderCache | SlotCache) -> Tensor:
-        """(B,) newest tokens -> log-probabilities (B, V); the cache advances one position."""
+    def __call__(
+        self, tokens: Tensor, cache: DecoderCache | SlotCache, log_probs: bool = True
+    ) -> Tensor:
+        """(B,) newest tokens -> log-probabilities (B, V) (`log_probs=False`: the output
+        layer's logits, as its product gives them); the cache advances one position."""
         if isinstance(cache, SlotCache):
             slots = cache.prepare(tokens.size(0))
             sources = cache.table.sources
-            lprobs = self.kernel.step_slots(tokens, cache.length, cache.layers, slots, sources)
+            out = self.kernel.step_slots(
+                tokens, cache.length, cache.layers, slots, sources, log_probs
+            )
         else:
-            lprobs = self.kernel.step(tokens, cache.length, cache.layers)
+            out = self.kernel.step(tokens, cache.length, cache.layers, log_probs)
         cache.length += 1
-        return cast(Tensor, lprobs)
+        return cast(Tensor, out)

@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 from torch import Tensor
 
-from nmt_cli.core.beam_advance import Advance
+from nmt_cli.core.beam_advance import Advance, decode_then_advance
 from nmt_cli.core.ensemble import Ensemble, Member, members
 from nmt_cli.errors import NmtError
 
@@ -94,6 +94,8 @@ class _View:
 
     def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
         return cast(Advance, self.model.advance(lprobs, cum, history, k))
+
+    decode_advance = decode_then_advance  # through decode_step, which keeps the weights
 
     def slots(self, open_sentences: int, beam: int) -> int:
         return int(self.model.slots(open_sentences, beam))

@@ -246,14 +246,15 @@ class DecoderStep {
     }
   }
 
-  // ids (B,) at `position` -> log-probabilities (B, V) in float32, over core/cache.py's
+  // ids (B,) at `position` -> log-probabilities (B, V) in float32 (with `log_probs`; else
+  // the logits, see `forward`), over core/cache.py's
   // DecoderCache: `layers` are its LayerCaches ("cache.prefix": self_k, self_v (none
   // before the first step), pending rows, cross_k, cross_v, cross_bias); the
   // cross-attention tensors must already be there (the Python side stores them before the
   // first step). Each layer's self_k and self_v are replaced by the prefix with this
   // step's keys and values, and its pending reorder is cleared, as LayerCache.append_self
   // does.
-  Tensor step(const Tensor& ids, int64_t position, const py::list& layers) const {
+  Tensor step(const Tensor& ids, int64_t position, const py::list& layers, bool log_probs) const {
     c10::InferenceMode guard;
     const int64_t rows = ids.size(0), bh = rows * heads_;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
@@ -291,7 +292,7 @@ class DecoderStep {
                                        : at::bmm(q, k_t).mul_(scale);
       return at::bmm(scores.softmax(-1), cross_v.view({bh, keys, d_v_})).view({rows, heads_ * d_v_});
     };
-    Tensor lprobs = forward(ids, position, self_attention, cross_attention);
+    Tensor lprobs = forward(ids, position, self_attention, cross_attention, log_probs);
     for (size_t l = 0; l < appended.size(); ++l) {
       py::object layer = layers[l];
       layer.attr("self_k") = appended[l].first;
@@ -307,7 +308,7 @@ class DecoderStep {
   // `sources` are the cache's tables, already prepared for this step.
   // -> log-probabilities (B, V) in float32.
   Tensor step_slots(const Tensor& ids, int64_t position, const py::list& layers,
-                    const Tensor& slots, const Tensor& sources) const {
+                    const Tensor& slots, const Tensor& sources, bool log_probs) const {
     c10::InferenceMode guard;
     const double scale = 1.0 / std::sqrt(static_cast<double>(d_k_));
     const auto self_attention = [&](size_t l, const Tensor& q, const Tensor& k_new,
@@ -322,16 +323,17 @@ class DecoderStep {
       return nmt::attend_memory(q, *state(layer, "cross_k"), *state(layer, "cross_v"), sources,
                                 state(layer, "cross_bias"), scale, std::nullopt);
     };
-    return forward(ids, position, self_attention, cross_attention);
+    return forward(ids, position, self_attention, cross_attention, log_probs);
   }
 
  private:
   // The layers and the output projection around the two attentions, which depend on the
   // cache's layout: self_attention(layer, q, k, v) and cross_attention(layer, q) return
-  // the context (B, h * d_v).
+  // the context (B, h * d_v). `log_probs=false` returns the output layer's logits as its
+  // product gives them, for search's fused log-softmax and choice (beam_choose.cpp).
   template <typename Self, typename Cross>
   Tensor forward(const Tensor& ids, int64_t position, const Self& self_attention,
-                 const Cross& cross_attention) const {
+                 const Cross& cross_attention, bool log_probs) const {
     const int64_t qk = heads_ * d_k_, vdim = heads_ * d_v_;
     Tensor y = at::add(at::embedding(tokens_, ids).mul(embed_scale_),
                        positions_.narrow(0, position, 1));
@@ -347,9 +349,11 @@ class DecoderStep {
       y = layer.ff2.add(layer.ff1.relu(y), y);
       y = at::layer_norm(y, {y.size(1)}, layer.norm3.weight, layer.norm3.bias, eps_);
     }
+    Tensor logits = projection_(y);
+    if (!log_probs) return logits;
     // The log-softmax the Python side chose (backends/cpu/decoder.py decides, once).
-    return module_log_softmax_ ? nmt::fast_log_softmax(projection_(y))
-                               : at::log_softmax(projection_(y), -1, at::kFloat);
+    return module_log_softmax_ ? nmt::fast_log_softmax(logits)
+                               : at::log_softmax(logits, -1, at::kFloat);
   }
 
   int64_t heads_, d_k_, d_v_;
@@ -388,6 +392,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_rows", [] { return nmt::kKernelRows; });
   m.def("beam_topk", &nmt::beam_topk);
   m.def("beam_advance", &nmt::beam_advance);
+  m.def("beam_choose", &nmt::beam_choose);
   m.def("fp32_kernel_available", &nmt::fp32_kernel_available);
   m.def("pack_fp32", &nmt::pack_fp32);
   m.def("fp32_linear", &nmt::fp32_linear);

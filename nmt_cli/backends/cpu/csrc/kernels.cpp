@@ -6,6 +6,7 @@
 // one here, so their names differ from file to file.
 #include "attention.cpp"
 #include "attention_train.cpp"
+#include "beam_choose.cpp"
 #include "beam_topk.cpp"
 #include "bf16_linear.cpp"
 #include "cpu_level.cpp"

@@ -45,8 +45,9 @@ NMT_AVX512 inline __m512 load<uint16_t>(const uint16_t* p, __mmask16 mask) {
   return _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), mask, x);
 }
 
+// A row's max + log(sum of exp(x - max)): the first two passes, which read it.
 template <typename T>
-NMT_AVX512 void row(const T* x, int64_t n, float* out) {
+NMT_AVX512 float lse(const T* x, int64_t n) {
   constexpr int64_t kLanes = 16;
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (int64_t i = 0; i < n; i += kLanes) {
@@ -61,16 +62,22 @@ NMT_AVX512 void row(const T* x, int64_t n, float* out) {
     const __m512 e = exp_nonpositive(_mm512_sub_ps(load(x + i, mask), shift));
     vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mask, e));
   }
-  const __m512 lse = _mm512_set1_ps(max + std::log(_mm512_reduce_add_ps(vsum)));
+  return max + std::log(_mm512_reduce_add_ps(vsum));
+}
+
+template <typename T>
+NMT_AVX512 void row(const T* x, int64_t n, float* out) {
+  constexpr int64_t kLanes = 16;
+  const __m512 vlse = _mm512_set1_ps(lse(x, n));
   for (int64_t i = 0; i < n; i += kLanes) {
     const __mmask16 mask = simd::first_lanes(n - i);
-    _mm512_mask_storeu_ps(out + i, mask, _mm512_sub_ps(load(x + i, mask), lse));
+    _mm512_mask_storeu_ps(out + i, mask, _mm512_sub_ps(load(x + i, mask), vlse));
   }
 }
 
-// The same three passes for float32 logits on AVX2 CPUs, eight lanes at a time (the
-// tail in scalar arithmetic): where fp32 decodes on the module's products.
-__attribute__((target("avx2,fma"))) void row_avx2(const float* x, int64_t n, float* out) {
+// The same two passes and the write for float32 logits on AVX2 CPUs, eight lanes at a
+// time (the tail in scalar arithmetic): where fp32 decodes on the module's products.
+__attribute__((target("avx2,fma"))) float lse_avx2(const float* x, int64_t n) {
   constexpr int64_t kLanes = 8;
   const int64_t whole = n / kLanes * kLanes;
   __m256 vmax = _mm256_set1_ps(-INFINITY);
@@ -84,7 +91,13 @@ __attribute__((target("avx2,fma"))) void row_avx2(const float* x, int64_t n, flo
   }
   float sum = simd::horizontal_sum(vsum);
   for (int64_t i = whole; i < n; ++i) sum += std::exp(x[i] - max);
-  const float lse = max + std::log(sum);
+  return max + std::log(sum);
+}
+
+__attribute__((target("avx2,fma"))) void row_avx2(const float* x, int64_t n, float* out) {
+  constexpr int64_t kLanes = 8;
+  const int64_t whole = n / kLanes * kLanes;
+  const float lse = lse_avx2(x, n);
   const __m256 vlse = _mm256_set1_ps(lse);
   for (int64_t i = 0; i < whole; i += kLanes) {
     _mm256_storeu_ps(out + i, _mm256_sub_ps(_mm256_loadu_ps(x + i), vlse));
@@ -96,14 +109,24 @@ __attribute__((target("avx2,fma"))) void row_avx2(const float* x, int64_t n, flo
 
 bool log_softmax_vectorized() { return cpu_level_at_least(CpuLevel::kAvx2); }
 
+bool log_softmax_takes(at::ScalarType dtype) {
+  if (cpu_level_at_least(CpuLevel::kAvx512)) return dtype == at::kFloat || dtype == at::kBFloat16;
+  return log_softmax_vectorized() && dtype == at::kFloat;
+}
+
+float row_log_sum_exp(const float* x, int64_t n) {
+  return cpu_level_at_least(CpuLevel::kAvx512) ? lse(x, n) : lse_avx2(x, n);
+}
+
+float row_log_sum_exp(const uint16_t* x, int64_t n) { return lse(x, n); }
+
 at::Tensor fast_log_softmax(const at::Tensor& logits_in) {
   RECORD_FUNCTION("nmt::fast_log_softmax", std::vector<c10::IValue>());
   const bool avx512 = cpu_level_at_least(CpuLevel::kAvx512);
   const auto dtype = logits_in.scalar_type();
-  // AVX2 takes float32 logits only: bf16 models decode on PyTorch's products there.
-  const bool supported = avx512 ? dtype == at::kFloat || dtype == at::kBFloat16
-                                : log_softmax_vectorized() && dtype == at::kFloat;
-  if (!supported || logits_in.dim() != 2) return at::log_softmax(logits_in, -1, at::kFloat);
+  if (!log_softmax_takes(dtype) || logits_in.dim() != 2) {
+    return at::log_softmax(logits_in, -1, at::kFloat);
+  }
   const at::Tensor logits = logits_in.contiguous();
   const int64_t rows = logits.size(0), n = logits.size(1);
   at::Tensor out = at::empty({rows, n}, logits.options().dtype(at::kFloat));
@@ -130,6 +153,14 @@ at::Tensor fast_log_softmax(const at::Tensor& logits_in) {
 namespace nmt {
 
 bool log_softmax_vectorized() { return false; }
+
+bool log_softmax_takes(at::ScalarType) { return false; }
+
+float row_log_sum_exp(const float*, int64_t) { TORCH_CHECK(false, "no vector log-softmax here"); }
+
+float row_log_sum_exp(const uint16_t*, int64_t) {
+  TORCH_CHECK(false, "no vector log-softmax here");
+}
 
 at::Tensor fast_log_softmax(const at::Tensor& logits) {
   return at::log_softmax(logits, -1, at::kFloat);

@@ -55,6 +55,10 @@ struct Lanes16 {
   NMT_LANES16 static Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
   // a's lanes under m, b's elsewhere.
   NMT_LANES16 static Vec select(Mask m, Vec a, Vec b) { return _mm512_mask_blend_ps(m, b, a); }
+  // Bit j set where lane j of a is above b's (never for a NaN), among the lanes under m.
+  NMT_LANES16 static uint32_t above(Mask m, Vec a, Vec b) {
+    return _mm512_mask_cmp_ps_mask(m, a, b, _CMP_GT_OQ);
+  }
   NMT_LANES16 static float reduce_add(Vec a) { return _mm512_reduce_add_ps(a); }
   NMT_LANES16 static float reduce_max(Vec a) { return _mm512_reduce_max_ps(a); }
 
@@ -120,6 +124,10 @@ struct Lanes8 {
   NMT_LANES8 static Vec select(Mask m, Vec a, Vec b) {
     if (m == 8) return a;
     return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(first_lanes8(m)));
+  }
+  NMT_LANES8 static uint32_t above(Mask m, Vec a, Vec b) {
+    const auto bits = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)));
+    return bits & ((1u << m) - 1u);
   }
   NMT_LANES8 static float reduce_add(Vec a) { return horizontal_sum(a); }
   NMT_LANES8 static float reduce_max(Vec a) { return horizontal_max(a); }
