@@ -5,7 +5,8 @@ wraps a Transformer for decoding on a CPU (`CpuDecoder`, a `core.search.Searchab
 packed bf16 and int8 linear layers (linear.py, declared to the planner), a compiled C++
 module built on first use (build.py, csrc/) that runs the whole decoder step in one call
 (step.py, over the named contract of contract.py), a cache whose keys never move with
-its attention kernel (slot_cache.py), and beam search's bookkeeping in one call. What
+its attention kernel (slot_cache.py), and beam search's bookkeeping in one call, fused
+with the log-softmax where that is the module's (decoder.py, `decode_advance`). What
 its model-shaped parts implement is declared in support.py; a model outside it decodes
 on the reference step. decoder.py makes the rest of the choice of arithmetic per model.
 The same module gives CPU training its dropout masks, loss sweep and attention

@@ -4,7 +4,8 @@ The module holds the decoder step as one C++ call (csrc/decoder_step.cpp, used b
 backends/cpu/step.py) and the kernels both steps use: bf16 and int8 products for the few
 rows of a step (csrc/bf16_linear.cpp, csrc/int8_linear.cpp, through backends/cpu/linear.py),
 attention over the SlotCache (csrc/attention.cpp), a log-softmax (csrc/log_softmax.cpp)
-and beam search's bookkeeping with its one-pass candidate selection (csrc/beam_topk.cpp);
+and beam search's bookkeeping with its one-pass candidate selection (csrc/beam_topk.cpp),
+also fused with the log-softmax (csrc/beam_choose.cpp);
 and, for training on a CPU, dropout's masks (csrc/dropout_mask.cpp) and the smoothed
 loss's sweep over the logits (csrc/smoothed_loss.cpp), through backends/cpu/training.py.
 The kernels compile as one translation unit (csrc/kernels.cpp includes them), the step
