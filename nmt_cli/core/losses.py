@@ -122,7 +122,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         (grad,) = ctx.saved_tensors
-        return grad * grad_loss, None, None, None, None  # bf16 result, fp32 scalar
+        # In place: a (tokens x V) product written into fresh memory cost a page fault
+        # every 4 KiB (BENCHMARKS.md, "the training update by operation"). The saved
+        # gradient is spent; a second backward through this graph is refused by autograd
+        # (the saved tensor changed), never given a scaled-twice gradient.
+        return grad.mul_(grad_loss), None, None, None, None  # bf16 result, fp32 scalar
 
 
 def _smoothed_sums(
