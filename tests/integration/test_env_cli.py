@@ -66,6 +66,7 @@ def test_the_report_names_the_versions_the_cpu_and_what_auto_picks(
         width = "AVX-512" if cpu_level.at_least("avx512") else "AVX2"
         assert fp32["attention"] == f"the module's {width} kernel over the slot cache"
         assert fp32["log-softmax"] == "the module's passes"
+        assert fp32["beam bookkeeping"] == "the module's, fused with its log-softmax"
 
 
 def test_a_lowered_level_changes_every_answer_that_depends_on_it(
@@ -85,6 +86,7 @@ def test_a_lowered_level_changes_every_answer_that_depends_on_it(
         chosen = paths.pop("linear").split(" (not ")[0]  # what runs, then what did not
         assert "AVX-512" not in " ".join([chosen, *paths.values()]), paths
         assert paths["attention"] == "PyTorch's operations over core's cache"
+        assert paths["beam bookkeeping"] == "the module's"  # PyTorch's log-softmax there
     int8 = data["decoding on the CPU in int8"]["linear"]
     assert int8.startswith("PyTorch's quantized kernels"), int8
     assert "not the module's AVX-512 VNNI kernel (a scale per row): it needs the CPU level" in int8
