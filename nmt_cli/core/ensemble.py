@@ -25,21 +25,21 @@ from torch import Tensor, nn
 from nmt_cli.core.beam_advance import Advance, decode_then_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.search import Searchable
 from nmt_cli.core.vocab import Vocab, VocabPair
 from nmt_cli.errors import NmtError
 
 
-class Member(Protocol):
+class Member(Searchable, Protocol):
     """What an ensemble needs of a member: a Transformer, or a backend's wrapper of one
-    (nmt_cli/backends/cpu's CpuDecoder), with search's interface and the configuration."""
+    (nmt_cli/backends/cpu's CpuDecoder), with search's interface (narrowed to what a
+    Transformer's encoder, cache and positions are) and the configuration."""
 
     @property
     def cfg(self) -> ModelConfig: ...
 
     @property
     def max_positions(self) -> int: ...
-
-    def source_mask(self, src: Tensor) -> Tensor: ...
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
 
@@ -57,22 +57,6 @@ class Member(Protocol):
         cache: Any,
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor] | None]: ...
-
-    def advance(self, lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance: ...
-
-    def decode_advance(
-        self,
-        last_tokens: Tensor,
-        memory: Tensor,
-        src_mask: Tensor,
-        cache: Any,
-        cum: Tensor,
-        history: Tensor,
-        k: int,
-        at_limit: Tensor | None,
-    ) -> Advance: ...
-
-    def slots(self, open_sentences: int, beam: int) -> int: ...
 
 
 @dataclass
