@@ -42,6 +42,7 @@ class SlotTable:
     reserved: int = 0  # the search's length limit, when it said
     prepared: int = -1  # the position `slots` was last prepared for
     size: int = 0  # counts the changes of (width, steps): the layers' buffers follow
+    rows: Tensor | None = None  # 0, 1, ..., width - 1: each step's own column
 
     def prepare(self, rows: int) -> Tensor:
         """Make room for this step's `rows` rows and return the slot table for it."""
@@ -49,14 +50,16 @@ class SlotTable:
             return self.slots
         if rows > self.width:
             self.width, self.size = rows, self.size + 1
+            self.rows = torch.arange(rows)  # made once, not at every step
+        assert self.rows is not None
         if self.length >= self.steps:
             steps = max(32, self.reserved, 2 * self.steps)
-            table = torch.arange(rows).unsqueeze(1).repeat(1, steps)
+            table = self.rows[:rows].unsqueeze(1).repeat(1, steps)
             if self.slots is not None:
                 table[:, : self.length].copy_(self.slots[:, : self.length])
             self.slots, self.steps, self.size = table, steps, self.size + 1
         assert self.slots is not None
-        self.slots[:, self.length].copy_(torch.arange(rows))
+        self.slots[:, self.length].copy_(self.rows[:rows])
         self.prepared = self.length
         return self.slots
 
@@ -181,8 +184,9 @@ class SlotCache:
     def prepare(self, rows: int) -> Tensor:
         """Room for this step's keys of `rows` rows in every layer; -> the slot table."""
         slots = self.table.prepare(rows)
-        for layer in self.layers:
-            layer.make_room()
+        if self.layers[0].size != self.table.size:  # the layers follow the table together
+            for layer in self.layers:
+                layer.make_room()
         return slots
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
