@@ -104,29 +104,45 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     The gradient of the summed loss with respect to the logits does not depend on
     anything downstream but a scalar, so the forward pass computes it while each row of
     logits is in cache (one exp per element, shared by the loss and the softmax) and
-    keeps it, in the logits' dtype, instead of the logits: the backward pass is then one
-    multiplication. Without a gradient (validation) only the loss is computed.
+    keeps it, in the logits' dtype, instead of the logits. The trainer knows that
+    scalar before the forward pass (1 / the update's target tokens, times the
+    micro-batch's weight) and says so (`grad_scale`): the sweep folds it into each row's
+    weight, and the backward pass, given exactly that scalar, hands the gradient on
+    untouched. Another scalar (a GradScaler's, or none said) costs one multiplication
+    over the (tokens x V) gradient, in place. Without a gradient (validation) only the
+    loss is computed.
     """
 
     @staticmethod
     def forward(
-        ctx: Any, logits: Tensor, target: Tensor, mask: Tensor, eps: float, sweep: LossSweep
+        ctx: Any,
+        logits: Tensor,
+        target: Tensor,
+        mask: Tensor,
+        eps: float,
+        sweep: LossSweep,
+        grad_scale: float,
     ) -> tuple[Tensor, Tensor]:
         want_grad = bool(ctx.needs_input_grad[0])
-        lse, mean, z_ref, grad = sweep(logits, target, mask, eps, want_grad)
+        weight = mask * grad_scale if want_grad and grad_scale != 1.0 else mask
+        lse, mean, z_ref, grad = sweep(logits, target, weight, eps, want_grad)
         loss, nll = _smoothed_sums(lse, mean, z_ref, mask, eps)
         if grad is not None:
             ctx.save_for_backward(grad)
+            ctx.grad_scale = grad_scale
         return loss, nll
 
     @staticmethod
     def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         (grad,) = ctx.saved_tensors
+        # The scalar said in advance (read only on the CPU: a GPU would wait for it).
+        if grad_loss.device.type == "cpu" and float(grad_loss) == ctx.grad_scale:
+            return grad, None, None, None, None, None
         # In place: a (tokens x V) product written into fresh memory cost a page fault
         # every 4 KiB (BENCHMARKS.md, "the training update by operation"). The saved
         # gradient is spent; a second backward through this graph is refused by autograd
         # (the saved tensor changed), never given a scaled-twice gradient.
-        return grad.mul_(grad_loss), None, None, None, None  # bf16 result, fp32 scalar
+        return grad.mul_(grad_loss / ctx.grad_scale), None, None, None, None, None
 
 
 def _smoothed_sums(
@@ -145,16 +161,23 @@ def label_smoothed_sums(
     eps: float,
     pad_id: int,
     sweep: LossSweep = smoothed_loss_sweep,
+    grad_scale: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """(smoothed loss sum, nll sum) over non-padding tokens, without a host sync.
 
     The trainer knows its token counts from the batch, so it uses this form and never
-    waits for the device to count the mask.
+    waits for the device to count the mask. `grad_scale`: what the loss sum will be
+    multiplied by before its backward pass, if known (any value is correct; the one
+    that is used saves a pass over the gradient).
     """
     flat_logits = logits.reshape(-1, logits.size(-1))
     flat_target = target.reshape(-1)
     mask = (flat_target != pad_id).to(torch.float32)
-    loss, nll = _SmoothedCrossEntropy.apply(flat_logits, flat_target, mask, float(eps), sweep)
+    # In float32, as the trainer's `loss * scale` hands it to the backward pass.
+    scale32 = torch.tensor(grad_scale, dtype=torch.float32).item()
+    loss, nll = _SmoothedCrossEntropy.apply(
+        flat_logits, flat_target, mask, float(eps), sweep, scale32
+    )
     return loss, nll
 
 

@@ -75,8 +75,10 @@ class TrainingObjective(nn.Module):
             return self._forward(src, tgt_in, project=project)
 
     def forward(
-        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, tokens: int
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, tokens: int, grad_scale: float = 1.0
     ) -> tuple[Tensor, Tensor]:
+        """(smoothed loss sum, nll sum); `grad_scale`: what the trainer multiplies the loss
+        by before its backward pass (the unfused loss folds it into its gradient)."""
         # The fused loss projects through the tied matrix alone; a model with an output
         # bias (imported from Marian) takes the unfused form, whose logits include it.
         if self.fused_projection and self.model.output_bias is None:
@@ -85,7 +87,9 @@ class TrainingObjective(nn.Module):
                 hidden, self.model.output_weight, tgt_out, self.eps, self.pad_id, tokens
             )
         logits = self._run(src, tgt_in, project=True)
-        return label_smoothed_sums(logits, tgt_out, self.eps, self.pad_id, self.loss_sweep)
+        return label_smoothed_sums(
+            logits, tgt_out, self.eps, self.pad_id, self.loss_sweep, grad_scale
+        )
 
 
 def _separate_size_symbols() -> contextlib.AbstractContextManager[Any]:

@@ -44,22 +44,31 @@ def test_loss_gradient_equals_autograd_reference() -> None:
     assert logits.grad is not None and logits.grad[1, 3:].abs().max().item() == 0.0
 
 
-def test_the_gradient_scales_with_the_incoming_one_once() -> None:
-    """The backward pass scales the gradient the forward sweep kept in place: a scaled
-    loss gets the scaled gradient, and a second backward through the same graph is
-    refused (the saved gradient is spent), never given a gradient scaled twice."""
+@pytest.mark.parametrize("said", [True, False])
+def test_the_gradient_scales_with_the_incoming_one_once(said: bool) -> None:
+    """The trainer multiplies the loss by 1 / its target tokens before the backward pass.
+    Said in advance (`grad_scale`), the sweep folds it into the gradient and the backward
+    pass hands the gradient on as it is: a second backward through the graph gets the
+    same again. Not said, the backward pass scales the kept gradient in place: the same
+    gradient, and a second backward is refused (the kept gradient is spent), never given
+    a gradient scaled twice."""
+    scale = 1 / 3412  # not a float32: compared as the backward pass receives it
     logits = torch.randn(4, 13, generator=torch.Generator().manual_seed(2), requires_grad=True)
     target = torch.tensor([1, 5, 12, 0])
-    loss, _ = label_smoothed_sums(logits, target, eps=0.1, pad_id=0)
-    (loss * 0.25).backward(retain_graph=True)
+    loss, _ = label_smoothed_sums(logits, target, 0.1, 0, grad_scale=scale if said else 1.0)
+    (loss * scale).backward(retain_graph=True)
     assert logits.grad is not None
     once = logits.grad.clone()
     plain = logits.detach().clone().requires_grad_(True)
     label_smoothed_sums(plain, target, eps=0.1, pad_id=0)[0].backward()
     assert plain.grad is not None
-    torch.testing.assert_close(once, plain.grad * 0.25)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        loss.backward()
+    torch.testing.assert_close(once, plain.grad * scale)
+    if said:
+        (loss * scale).backward()
+        torch.testing.assert_close(logits.grad, 2 * once)
+    else:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
 
 
 def test_no_smoothing_is_plain_nll() -> None:

@@ -173,7 +173,7 @@ class Updater:
             with self._no_sync(i == len(micro) - 1), _oom_guard(batch):
                 with autocast(self.precision, self.device):
                     loss, nll = self.objective(
-                        batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_tokens
+                        batch.src, batch.tgt_in, batch.tgt_out, batch.tgt_tokens, scale * weight
                     )
                 scaled = loss * (scale * weight)
                 if self.scaler is not None:
