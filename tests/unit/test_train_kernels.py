@@ -138,6 +138,25 @@ def test_the_compiled_mask_follows_its_seed_not_the_threads(kernel: ModuleType) 
         kernel.scaled_keep_mask(like, 1.0, 1)
 
 
+@pytest.mark.parametrize("level", ["native", "avx2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_masks_vector_loops_are_the_plain_loops_bit_for_bit(
+    kernel_at: Callable[[str], ModuleType], level: str, dtype: torch.dtype
+) -> None:
+    """Eight (AVX-512) or four (AVX2) words of SplitMix64 at a time are the plain loop's
+    words: the same mask at every level, for each dtype, every size up to a few vectors
+    past a thread's chunk and its tails, and every p, from keeping all (p = 0) to the
+    threshold a 16-bit comparison cannot hold (p within 2^-17 of 1: all dropped)."""
+    sizes = [1, 3, 4, 5, 31, 32, 33, 64, 65, 127, 129, 4096 * 4 + 37]
+    for p in (0.0, 0.1, 0.5, 0.99999):
+        for n in sizes:
+            like = torch.empty(n, dtype=dtype)
+            plain = kernel_at("generic").scaled_keep_mask(like, p, 2**40 + n)
+            vector = kernel_at(level).scaled_keep_mask(like, p, 2**40 + n)
+            assert torch.equal(vector, plain), (p, n)
+    assert bool((kernel_at(level).scaled_keep_mask(torch.empty(99), 0.99999, 1) == 0).all())
+
+
 def test_training_on_a_cpu_draws_its_masks_from_the_compiled_module(kernel: ModuleType) -> None:
     loaded, why = training_kernel()
     assert loaded is kernel and why == ""

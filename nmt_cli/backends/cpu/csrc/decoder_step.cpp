@@ -380,6 +380,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         {"attention", nmt::attention_kernel_available()},
         {"attention_train", nmt::attention_train_vectorized()},
         {"bf16_linear", nmt::bf16_kernel_available()},
+        {"dropout_mask", nmt::dropout_mask_vectorized()},
         {"fp32_linear", nmt::fp32_kernel_available()},
         {"int8_linear", nmt::int8_kernel_available()},
         {"log_softmax", nmt::log_softmax_vectorized()},

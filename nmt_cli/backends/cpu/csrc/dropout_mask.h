@@ -5,6 +5,10 @@
 
 namespace nmt {
 
+// Whether the mask's words are drawn in vector loops here (AVX2 four at a time, AVX-512
+// eight); elsewhere the plain loop, with the same mask bit for bit.
+bool dropout_mask_vectorized();
+
 // A tensor of `like`'s shape and dtype (float32, bfloat16 or float16): 0 with probability
 // round(p * 65536) / 65536, else 1 / (1 - p); the same for a seed whatever the threads.
 at::Tensor scaled_keep_mask(const at::Tensor& like, double p, int64_t seed);
