@@ -376,7 +376,7 @@ def _unfused(
     return kernel_advance(kernel)(lprobs, cum, history, k)
 
 
-@pytest.mark.parametrize("level", ["native", "avx2", "generic"])
+@pytest.mark.parametrize("level", ["native", "avx512", "avx2", "generic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("sentences", "k", "vocab"), [(1, 4, 50), (3, 4, 8003), (5, 1, 7)])
 def test_the_fused_log_softmax_and_choice_equal_the_two_steps_bit_for_bit(
