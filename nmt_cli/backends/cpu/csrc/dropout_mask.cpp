@@ -28,16 +28,19 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "simd_width.h"
 #endif
 
 namespace nmt {
 namespace {
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+constexpr uint64_t kMix1 = 0xBF58476D1CE4E5B9ULL, kMix2 = 0x94D049BB133111EBULL;
 
 inline uint64_t splitmix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z = (z ^ (z >> 30)) * kMix1;
+  z = (z ^ (z >> 27)) * kMix2;
   return z ^ (z >> 31);
 }
 
@@ -58,109 +61,100 @@ inline void fill_words(scalar_t* out, int64_t n, int64_t begin, int64_t end, uin
 }
 
 #if defined(__x86_64__)
-// The same words eight (AVX-512) or four (AVX2) at a time: SplitMix64 on 64-bit lanes,
-// each word's four 16-bit quarters compared with the threshold in place (a word's
-// quarters are its elements in order, little-endian), the mask's values selected by
-// the comparison. Integer arithmetic throughout, so the mask is the plain loop's bit for
-// bit. Returns the first word not done (the rest go to fill_words).
+// 64-bit words eight (AVX-512) or four (AVX2) at a time, behind one interface, so that
+// the vector loop (dropout_mask_words.h) is written once. Each function carries its own
+// target, as simd_width.h's lanes do.
+#define NMT_WORDS8 __attribute__((target("avx512f,avx512dq,avx512bw,avx2")))
+#define NMT_WORDS4 __attribute__((target("avx2")))
+
+struct Words8 {
+  using Vec = __m512i;
+  static constexpr int64_t kCount = 8;
+
+  NMT_WORDS8 static Vec set1(uint64_t x) { return _mm512_set1_epi64(static_cast<int64_t>(x)); }
+  NMT_WORDS8 static Vec iota() { return _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7); }
+  NMT_WORDS8 static Vec add(Vec a, Vec b) { return _mm512_add_epi64(a, b); }
+  NMT_WORDS8 static Vec mix(Vec z, unsigned shift) {  // z ^ (z >> shift)
+    return _mm512_xor_si512(z, _mm512_srli_epi64(z, shift));
+  }
+  NMT_WORDS8 static Vec mullo(Vec a, Vec b) { return _mm512_mullo_epi64(a, b); }
+  NMT_WORDS8 static Vec quarters(uint32_t x) {
+    return _mm512_set1_epi16(static_cast<int16_t>(x));
+  }
+  // The words' 32 quarters, each kept when >= limit's: their values into o[0 .. 31].
+  NMT_WORDS8 static void store(float* o, Vec z, Vec limit, float kept, float dropped) {
+    const __mmask32 keep = _mm512_cmpge_epu16_mask(z, limit);
+    const __m512 k = _mm512_set1_ps(kept), d = _mm512_set1_ps(dropped);
+    _mm512_storeu_ps(o, _mm512_mask_blend_ps(static_cast<__mmask16>(keep), d, k));
+    _mm512_storeu_ps(o + 16, _mm512_mask_blend_ps(static_cast<__mmask16>(keep >> 16), d, k));
+  }
+  NMT_WORDS8 static void store(uint16_t* o, Vec z, Vec limit, uint16_t kept, uint16_t dropped) {
+    const __mmask32 keep = _mm512_cmpge_epu16_mask(z, limit);
+    _mm512_storeu_si512(o, _mm512_mask_blend_epi16(keep, quarters(dropped), quarters(kept)));
+  }
+};
+
+struct Words4 {
+  using Vec = __m256i;
+  static constexpr int64_t kCount = 4;
+
+  NMT_WORDS4 static Vec set1(uint64_t x) { return _mm256_set1_epi64x(static_cast<int64_t>(x)); }
+  NMT_WORDS4 static Vec iota() { return _mm256_setr_epi64x(0, 1, 2, 3); }
+  NMT_WORDS4 static Vec add(Vec a, Vec b) { return _mm256_add_epi64(a, b); }
+  NMT_WORDS4 static Vec mix(Vec z, unsigned shift) {
+    return _mm256_xor_si256(z, _mm256_srli_epi64(z, static_cast<int>(shift)));
+  }
+  // a * b mod 2^64: AVX2 has no 64-bit low multiply, so from 32 x 32 -> 64-bit ones.
+  NMT_WORDS4 static Vec mullo(Vec a, Vec b) {
+    const __m256i low = _mm256_mul_epu32(a, b);
+    const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), b),
+                                           _mm256_mul_epu32(a, _mm256_srli_epi64(b, 32)));
+    return _mm256_add_epi64(low, _mm256_slli_epi64(cross, 32));
+  }
+  NMT_WORDS4 static Vec quarters(uint32_t x) {
+    return _mm256_set1_epi16(static_cast<int16_t>(x));
+  }
+  // quarter >= limit, unsigned: max(quarter, limit) == quarter.
+  NMT_WORDS4 static Vec kept_quarters(Vec z, Vec limit) {
+    return _mm256_cmpeq_epi16(_mm256_max_epu16(z, limit), z);
+  }
+  NMT_WORDS4 static void store(float* o, Vec z, Vec limit, float kept, float dropped) {
+    const Vec keep = kept_quarters(z, limit);
+    const __m256 k = _mm256_set1_ps(kept), d = _mm256_set1_ps(dropped);
+    const __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(keep));
+    const __m256i hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(keep, 1));
+    _mm256_storeu_ps(o, _mm256_blendv_ps(d, k, _mm256_castsi256_ps(lo)));
+    _mm256_storeu_ps(o + 8, _mm256_blendv_ps(d, k, _mm256_castsi256_ps(hi)));
+  }
+  NMT_WORDS4 static void store(uint16_t* o, Vec z, Vec limit, uint16_t kept, uint16_t dropped) {
+    const Vec v = _mm256_blendv_epi8(quarters(dropped), quarters(kept), kept_quarters(z, limit));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), v);
+  }
+};
+
+#undef NMT_WORDS8
+#undef NMT_WORDS4
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx2")
+namespace mask_avx512 {
+using W = Words8;
+#include "dropout_mask_words.h"
+}  // namespace mask_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2")
+namespace mask_avx2 {
+using W = Words4;
+#include "dropout_mask_words.h"
+}  // namespace mask_avx2
+#pragma GCC pop_options
 
 // Values as they are stored: 32-bit floats, or 16-bit patterns (bf16, half); doubles
 // take the plain loop.
 template <typename scalar_t>
-constexpr bool kWide = std::is_same_v<scalar_t, float>;
-template <typename scalar_t>
-constexpr bool kVector = kWide<scalar_t> || sizeof(scalar_t) == 2;
-
-template <typename scalar_t>
-__attribute__((target("avx512f,avx512dq,avx512bw"))) int64_t fill_avx512(
-    scalar_t* out, int64_t n, int64_t begin, int64_t end, uint64_t seed, uint32_t threshold,
-    scalar_t kept, scalar_t dropped) {
-  const __m512i golden = _mm512_set1_epi64(static_cast<int64_t>(kGolden));
-  const __m512i c1 = _mm512_set1_epi64(static_cast<int64_t>(0xBF58476D1CE4E5B9ULL));
-  const __m512i c2 = _mm512_set1_epi64(static_cast<int64_t>(0x94D049BB133111EBULL));
-  const __m512i step = _mm512_set1_epi64(static_cast<int64_t>(8 * kGolden));
-  const __m512i limit = _mm512_set1_epi16(static_cast<int16_t>(threshold));
-  // The counters of words begin .. begin + 7: seed + (w + 1) * golden.
-  __m512i counter = _mm512_add_epi64(
-      _mm512_set1_epi64(static_cast<int64_t>(seed)),
-      _mm512_mullo_epi64(_mm512_add_epi64(_mm512_set1_epi64(begin + 1),
-                                          _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7)),
-                         golden));
-  int64_t w = begin;
-  for (; w + 8 <= end && 4 * (w + 8) <= n; w += 8) {
-    __m512i z = counter;
-    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), c1);
-    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), c2);
-    z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
-    const __mmask32 keep = _mm512_cmpge_epu16_mask(z, limit);
-    if constexpr (kWide<scalar_t>) {
-      const __m512 k = _mm512_set1_ps(static_cast<float>(kept));
-      const __m512 d = _mm512_set1_ps(static_cast<float>(dropped));
-      float* o = reinterpret_cast<float*>(out) + 4 * w;
-      _mm512_storeu_ps(o, _mm512_mask_blend_ps(static_cast<__mmask16>(keep), d, k));
-      _mm512_storeu_ps(o + 16, _mm512_mask_blend_ps(static_cast<__mmask16>(keep >> 16), d, k));
-    } else {
-      uint16_t kb, db;
-      std::memcpy(&kb, &kept, 2);
-      std::memcpy(&db, &dropped, 2);
-      const __m512i v = _mm512_mask_blend_epi16(keep, _mm512_set1_epi16(static_cast<int16_t>(db)),
-                                                _mm512_set1_epi16(static_cast<int16_t>(kb)));
-      _mm512_storeu_si512(reinterpret_cast<uint16_t*>(out) + 4 * w, v);
-    }
-    counter = _mm512_add_epi64(counter, step);
-  }
-  return w;
-}
-
-// a * b mod 2^64 on four 64-bit lanes (AVX2 has no 64-bit low multiply).
-__attribute__((target("avx2"))) inline __m256i mullo64(__m256i a, __m256i b) {
-  const __m256i low = _mm256_mul_epu32(a, b);
-  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), b),
-                                         _mm256_mul_epu32(a, _mm256_srli_epi64(b, 32)));
-  return _mm256_add_epi64(low, _mm256_slli_epi64(cross, 32));
-}
-
-template <typename scalar_t>
-__attribute__((target("avx2"))) int64_t fill_avx2(scalar_t* out, int64_t n, int64_t begin,
-                                                   int64_t end, uint64_t seed, uint32_t threshold,
-                                                   scalar_t kept, scalar_t dropped) {
-  const __m256i golden = _mm256_set1_epi64x(static_cast<int64_t>(kGolden));
-  const __m256i c1 = _mm256_set1_epi64x(static_cast<int64_t>(0xBF58476D1CE4E5B9ULL));
-  const __m256i c2 = _mm256_set1_epi64x(static_cast<int64_t>(0x94D049BB133111EBULL));
-  const __m256i step = _mm256_set1_epi64x(static_cast<int64_t>(4 * kGolden));
-  const __m256i limit = _mm256_set1_epi16(static_cast<int16_t>(threshold));
-  __m256i counter = _mm256_add_epi64(
-      _mm256_set1_epi64x(static_cast<int64_t>(seed)),
-      mullo64(_mm256_add_epi64(_mm256_set1_epi64x(begin + 1), _mm256_setr_epi64x(0, 1, 2, 3)),
-              golden));
-  int64_t w = begin;
-  for (; w + 4 <= end && 4 * (w + 4) <= n; w += 4) {
-    __m256i z = counter;
-    z = mullo64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), c1);
-    z = mullo64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), c2);
-    z = _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
-    // quarter >= threshold, unsigned: max(quarter, threshold) == quarter
-    const __m256i keep = _mm256_cmpeq_epi16(_mm256_max_epu16(z, limit), z);
-    if constexpr (kWide<scalar_t>) {
-      const __m256 k = _mm256_set1_ps(static_cast<float>(kept));
-      const __m256 d = _mm256_set1_ps(static_cast<float>(dropped));
-      float* o = reinterpret_cast<float*>(out) + 4 * w;
-      const __m256i lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(keep));
-      const __m256i hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(keep, 1));
-      _mm256_storeu_ps(o, _mm256_blendv_ps(d, k, _mm256_castsi256_ps(lo)));
-      _mm256_storeu_ps(o + 8, _mm256_blendv_ps(d, k, _mm256_castsi256_ps(hi)));
-    } else {
-      uint16_t kb, db;
-      std::memcpy(&kb, &kept, 2);
-      std::memcpy(&db, &dropped, 2);
-      const __m256i v = _mm256_blendv_epi8(_mm256_set1_epi16(static_cast<int16_t>(db)),
-                                           _mm256_set1_epi16(static_cast<int16_t>(kb)), keep);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(out) + 4 * w), v);
-    }
-    counter = _mm256_add_epi64(counter, step);
-  }
-  return w;
-}
+constexpr bool kVector = std::is_same_v<scalar_t, float> || sizeof(scalar_t) == 2;
 #endif
 
 template <typename scalar_t>
@@ -174,10 +168,10 @@ void fill_mask(scalar_t* out, int64_t n, uint64_t seed, uint32_t threshold, floa
     int64_t w = begin;
 #if defined(__x86_64__)
     if constexpr (kVector<scalar_t>) {
-      if (vector && cpu_level_at_least(CpuLevel::kAvx512)) {
-        w = fill_avx512(out, n, begin, end, seed, threshold, kept, dropped);
-      } else if (vector && dropout_mask_vectorized()) {
-        w = fill_avx2(out, n, begin, end, seed, threshold, kept, dropped);
+      if (vector && dropout_mask_vectorized()) {
+        const auto fill = simd::by_level(&mask_avx512::fill_vector<scalar_t>,
+                                         &mask_avx2::fill_vector<scalar_t>);
+        w = fill(out, n, begin, end, seed, threshold, kept, dropped);
       }
     }
 #endif
