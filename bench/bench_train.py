@@ -6,11 +6,12 @@ label-smoothed loss, backward, Adam) on length-grouped batches shaped like Multi
 d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512, 2048,
 8 heads, vocabulary 37,000), in fp32 and bf16 autocast, with freed memory kept for the
 next update as `nmt train` keeps it (`--heaps kept,default` also times glibc's own
-heap) and dropout's masks, the loss's sweep and attention from nmt's compiled module as
-`nmt train` runs them on a CPU (`--kernels masks+loss+attention,masks+loss,none` also
-times the update with the reference attention and with core's references for all
-three). The matmul peak of each precision is measured in the same run (2048^3 products),
-because this host's speed drifts.
+heap) and dropout's masks, the loss's sweep, attention and the feed-forward's bias and
+ReLU from nmt's compiled module as `nmt train` runs them on a CPU (`--kernels
+masks+loss+attention+ffn,masks+loss+attention,none` also times the update with the
+reference feed-forward and with core's references for all four). The matmul peak of
+each precision is measured in the same run (2048^3 products), because this host's speed
+drifts.
 
 No peer figure written down earlier is divided by: this host drifts 20-40%, so a ratio
 counts only within one run. With --reference it times, on the same batches, the naive
@@ -71,7 +72,7 @@ MODELS = {
 PRECISIONS = (("fp32", torch.float32), ("bf16", torch.bfloat16))
 
 
-ALL_KERNELS = "masks+loss+attention"
+ALL_KERNELS = "masks+loss+attention+ffn"
 
 
 def multi30k_like_batches(vocab: int, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
@@ -118,13 +119,15 @@ def nmt_step(
 ) -> Callable[[Batch], None]:
     """The engine's update on one batch; `fused`: the output projection inside the
     chunked loss (the GPU's choice); `kernels`: which of dropout's masks, the loss's
-    sweep and attention come from the compiled module ("masks+loss+attention", as
-    `nmt train` on a CPU, or any of them joined by "+"), the others from the core's
-    references ("none": all of them)."""
+    sweep, attention and the feed-forward's bias and ReLU come from the compiled module
+    ("masks+loss+attention+ffn", as `nmt train` on a CPU, or any of them joined by "+"),
+    the others from the core's references ("none": all of them)."""
     torch.manual_seed(0)
     chosen = set(kernels.split("+")) - {"none"}
     if not chosen <= set(ALL_KERNELS.split("+")):
-        raise SystemExit(f"--kernels: {kernels!r} names other than masks, loss, attention, none")
+        raise SystemExit(
+            f"--kernels: {kernels!r} names other than masks, loss, attention, ffn, none"
+        )
     reference = compiled = REFERENCE
     if chosen:
         kernel, why_not = training_kernel()
@@ -136,6 +139,7 @@ def nmt_step(
         attention=(compiled if "attention" in chosen else reference).attention,
         keep_mask=(compiled if "masks" in chosen else reference).keep_mask,
         loss_sweep=loss_sweep,
+        dense_relu=(compiled if "ffn" in chosen else reference).dense_relu,
     )
     model = Transformer(cfg, operations)
     objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused, loss_sweep=loss_sweep)

@@ -25,7 +25,7 @@ from torch import nn
 from nmt_cli.core.attention import Attention, attention, fused_attention
 from nmt_cli.core.dropout import KeepMask, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
-from nmt_cli.core.step_linear import LinearLayer
+from nmt_cli.core.step_linear import DenseReLU, LinearLayer, dense_relu
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ class Operations:
     loss_sweep: LossSweep = smoothed_loss_sweep
     # The linear layers, with their fused ReLU and residual add (core/step_linear.py).
     linear: LinearLayer = nn.Linear
+    # The feed-forward's first layer and its ReLU over whole sequences, given an
+    # `nn.Linear`'s weight and bias (core/step_linear.py).
+    dense_relu: DenseReLU = dense_relu
 
 
 REFERENCE = Operations()

@@ -21,6 +21,15 @@ from torch import Tensor, nn
 LinearLayer = Callable[[int, int], nn.Module]
 """Makes a linear layer from its (in_features, out_features): `nn.Linear`, or a backend's."""
 
+DenseReLU = Callable[[Tensor, Tensor, Tensor | None], Tensor]
+"""(x, weight, bias) -> max(0, x W^T + b): the feed-forward's first layer over whole
+sequences (training, encoding), as `Operations.dense_relu` runs it."""
+
+
+def dense_relu(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The reference DenseReLU: PyTorch's linear layer, then its ReLU."""
+    return F.relu(F.linear(x, weight, bias))
+
 
 class StepLinear(nn.Module):
     """y = x W^T + b for decoding only, with two fused forms a backend may override."""

@@ -150,9 +150,14 @@ class FeedForward(nn.Module):
         self.relu_dropout = Dropout(cfg.relu_dropout, ops.keep_mask)
         self.activation = cfg.activation
         self.act = ACTIVATION_FUNCTIONS[cfg.activation]
+        self.dense_relu = ops.dense_relu  # the plan's (core/operations.py)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(self.relu_dropout(self.act(self.w1(x))))
+        if self.activation == "relu" and isinstance(self.w1, nn.Linear):
+            hidden = self.dense_relu(x, self.w1.weight, self.w1.bias)
+        else:  # another activation, or a backend's decoding layer
+            hidden = self.act(self.w1(x))
+        return self.w2(self.relu_dropout(hidden))
 
     def step(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + FFN(x) for decoding (no dropout), with the ReLU and the residual add

@@ -81,7 +81,7 @@ def _training_section(kernel: ModuleType | None, state: str) -> Section:
     rows = [tuple(line.split(": ", 1)) for line in machine_plan(target).describe()]
     if kernel is not None:
         vectorized = kernel.vectorized()
-        names = ("attention_train", "dropout_mask", "smoothed_loss")
+        names = ("attention_train", "bias_relu", "dropout_mask", "smoothed_loss")
         loops = [name for name in names if vectorized[name]]
         width = vector_width(kernel.cpu_level())
         rows.append(

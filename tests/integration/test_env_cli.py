@@ -92,10 +92,15 @@ def test_a_lowered_level_changes_every_answer_that_depends_on_it(
     assert "not the module's AVX-512 VNNI kernel (a scale per row): it needs the CPU level" in int8
     if cpu_level.at_least("avx512"):  # and back up: the cap follows the setting
         native = report(monkeypatch, None)["training on the CPU"]
-        assert native["vector loops"] == "attention_train, dropout_mask, smoothed_loss (AVX-512)"
+        assert (
+            native["vector loops"]
+            == "attention_train, bias_relu, dropout_mask, smoothed_loss (AVX-512)"
+        )
     if cpu_level.at_least("avx2"):  # an AVX2-only CPU: the same loops at eight lanes
         avx2 = report(monkeypatch, "avx2")["training on the CPU"]
-        assert avx2["vector loops"] == "attention_train, dropout_mask, smoothed_loss (AVX2)"
+        assert (
+            avx2["vector loops"] == "attention_train, bias_relu, dropout_mask, smoothed_loss (AVX2)"
+        )
 
 
 def test_a_level_that_does_not_exist_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -84,6 +84,7 @@ def test_train_resume_and_refuse_a_changed_model(setup: tuple[Path, Path]) -> No
         "keep_mask",
         "loss_sweep",
         "linear",
+        "dense_relu",
     ]
     assert load_checkpoint(run / "checkpoints/last.pt").step == 6
 

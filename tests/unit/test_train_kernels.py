@@ -1,7 +1,9 @@
 """The training fast paths: the cheaper CPU dropout (core's mask, the reference, and the
 CPU backend's compiled one, held to the same tests), the loss's sweep over the logits
-(core's chunked one, the reference, and the compiled one, held to autograd's loss), and
-attention (core's written-out one, the reference, and the compiled one, held to float64)."""
+(core's chunked one, the reference, and the compiled one, held to autograd's loss),
+attention (core's written-out one, the reference, and the compiled one, held to float64)
+and the feed-forward's bias and ReLU (core's linear layer and ReLU, the reference, and
+the compiled passes around PyTorch's product)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from nmt_cli.backends.cpu import training as cpu_kernels_module
 from nmt_cli.backends.cpu.training import (
     compiled_attention,
+    compiled_dense_relu,
     compiled_keep_mask,
     compiled_loss_sweep,
     training_kernel,
@@ -27,6 +30,7 @@ from nmt_cli.core.dropout import Dropout, KeepMask, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sweep
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.operations import Operations
+from nmt_cli.core.step_linear import dense_relu
 from nmt_cli.core.transformer import Transformer
 
 
@@ -164,6 +168,7 @@ def test_training_on_a_cpu_draws_its_masks_from_the_compiled_module(kernel: Modu
     keep = chosen.operations.keep_mask
     assert keep is not scaled_keep_mask and keep is not None
     assert chosen.operations.loss_sweep is not smoothed_loss_sweep
+    assert chosen.operations.dense_relu is not dense_relu
     assert "keep_mask: the module's counter-based generator" in chosen.describe()
     settings = dict(d_model=16, d_ff=32, n_heads=2, encoder_layers=1, decoder_layers=1)
     cfg = ModelConfig(**settings, src_vocab_size=20, tgt_vocab_size=20)  # type: ignore[arg-type]
@@ -178,6 +183,7 @@ def test_without_the_module_training_plans_the_references_and_says_why() -> None
     assert chosen.operations.keep_mask is scaled_keep_mask
     assert chosen.operations.loss_sweep is smoothed_loss_sweep
     assert chosen.operations.attention is written_out_attention
+    assert chosen.operations.dense_relu is dense_relu
     lines = chosen.describe()
     assert any(
         line.startswith("keep_mask: core's reference") and "no compiler" in line for line in lines
@@ -479,6 +485,168 @@ def test_a_model_trains_through_the_compiled_attention(kernel: ModuleType) -> No
         torch.manual_seed(0)
         model = Transformer(cfg, Operations(attention=attend)).train()
         assert all(m.ops.attention is attend for m in model.modules() if hasattr(m, "ops"))
+        model(src, tgt).float().square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_compiled_attention_hands_the_projections_their_gradients_whole(
+    kernel: ModuleType,
+) -> None:
+    """Self-attention's q, k and v are heads of one projection's output, cross-attention's
+    k and v of another's: the compiled attention writes each output's gradient in one
+    piece (no concatenation after autograd's split), and the gradients are the
+    reference's."""
+    gen = torch.Generator().manual_seed(0)
+    b, length, keys, h, d = 3, 6, 8, 2, 8
+    x = torch.randn(b, length, 16, generator=gen)
+    memory = torch.randn(b, keys, 16, generator=gen)
+    mask = torch.ones(b, 1, 1, keys, dtype=torch.bool)
+    mask[0, ..., -3:] = False
+
+    def heads(t: torch.Tensor) -> torch.Tensor:
+        return t.view(b, t.size(1), h, d).transpose(1, 2)
+
+    def run(attend: Attention, cross: bool) -> tuple[list[torch.Tensor], list[str]]:
+        torch.manual_seed(1)
+        w_q, w_kv = torch.nn.Linear(16, h * d), torch.nn.Linear(16, 2 * h * d)
+        w_qkv = torch.nn.Linear(16, 3 * h * d)
+        with torch.profiler.profile() as prof:
+            if cross:
+                q = heads(w_q(x))
+                k, v = (heads(t) for t in w_kv(memory).split(h * d, -1))
+                out = attend(q, k, v, mask, False)
+            else:
+                q, k, v = (heads(t) for t in w_qkv(x).split(h * d, -1))
+                out = attend(q, k, v, None, True)
+            (out * out_weights(out).float()).sum().backward()
+        layers = (w_q, w_kv) if cross else (w_qkv,)
+        grads = [g for layer in layers for g in (layer.weight.grad, layer.bias.grad)]
+        return [out.detach(), *grads], [e.key for e in prof.key_averages()]  # type: ignore[misc]
+
+    for cross in (False, True):
+        want, _ = run(written_out_attention, cross)
+        got, ops = run(compiled_attention(kernel), cross)
+        assert "aten::cat" not in ops
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(params=["compiled", "compiled-avx2", "compiled-generic"])
+def relu_kernel(request: pytest.FixtureRequest) -> ModuleType:
+    """The module at this CPU's level, at AVX2's and at the plain loops."""
+    return _capped(request)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 8), (300, 37), (513, 1024)])
+def test_the_bias_and_relu_pass_is_one_float32_addition_and_rounding(
+    relu_kernel: ModuleType, dtype: torch.dtype, shape: tuple[int, int]
+) -> None:
+    """Forward: y + b in float32, ReLU, rounded once to y's dtype, bit for bit (NaN stays
+    NaN). Backward: the gradient where y > 0, bit for bit, and its column sums to float32
+    summation's bound (n * 2^-24 * sum |g|, n the rows)."""
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randn(shape, generator=gen).to(dtype)
+    y[0, 0] = float("nan")
+    bias = torch.randn(shape[1], generator=gen)
+    want = torch.relu(y.float() + bias)
+    want[0, 0] = float("nan")
+    got = y.clone()
+    relu_kernel.bias_relu_(got, bias)
+    assert torch.equal(got.isnan(), want.to(dtype).isnan())
+    assert torch.equal(got.nan_to_num(), want.to(dtype).nan_to_num())
+    grad = torch.randn(shape, generator=gen).to(dtype)
+    masked, sums = relu_kernel.relu_bias_backward(grad, got)
+    assert masked.dtype == dtype and sums.dtype == torch.float32
+    assert torch.equal(masked, torch.where(got > 0, grad, torch.zeros_like(grad)))
+    exact = masked.double().sum(0)
+    bound = shape[0] * 2.0**-24 * masked.double().abs().sum(0)
+    assert bool(((sums.double() - exact).abs() <= bound).all())
+
+
+def test_the_bias_sums_do_not_depend_on_the_threads(kernel: ModuleType) -> None:
+    gen = torch.Generator().manual_seed(0)
+    grad, y = torch.randn(1000, 64, generator=gen), torch.randn(1000, 64, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        sums = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            sums.append(kernel.relu_bias_backward(grad, y)[1])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(sums[0], sums[1])
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_compiled_feed_forward_layer_is_the_references(
+    kernel: ModuleType, autocast: bool
+) -> None:
+    """max(0, x W^T + b) and its three gradients against the linear layer and ReLU, in
+    float32 and under bf16 autocast, where the product is rounded to bf16 before the bias
+    is added (one rounding more than the reference's): each output within 2^-7 (|x W^T|
+    + |reference|), which covers both roundings; the gradients in autocast's dtype cast
+    to the parameters'."""
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.randn(4, 9, 32, generator=gen)
+    layer = torch.nn.Linear(32, 48)
+    grad = torch.randn(4, 9, 48, generator=gen)
+    results = []
+    for fn in (dense_relu, compiled_dense_relu(kernel)):
+        x = x0.clone().requires_grad_()
+        layer.zero_grad()
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            out = fn(x, layer.weight, layer.bias)
+        out.backward(grad.to(out.dtype))
+        assert layer.weight.grad is not None and layer.bias.grad is not None
+        assert layer.weight.grad.dtype == layer.bias.grad.dtype == torch.float32
+        results.append((out, x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()))
+    (want, *want_grads), (got, *got_grads) = results
+    assert got.dtype == want.dtype == (torch.bfloat16 if autocast else torch.float32)
+    if not autocast:
+        torch.testing.assert_close(got, want)
+        for a, e in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(a, e)
+        return
+    product = (x0 @ layer.weight.t()).abs()
+    bound = 2.0**-7 * (product + want.float().abs())
+    assert bool(((got.float() - want.float()).abs() <= bound).all())
+
+
+def test_the_compiled_feed_forward_layer_leaves_the_rest_to_the_reference(
+    kernel: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def counted(*args: torch.Tensor) -> torch.Tensor:
+        calls.append("reference")
+        return dense_relu(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_kernels_module, "dense_relu", counted)
+    layer = compiled_dense_relu(kernel)
+    x, weight = torch.randn(3, 8), torch.randn(5, 8)
+    layer(x, weight, None)  # no bias
+    layer(x.half(), weight.half(), torch.zeros(5, dtype=torch.half))
+    assert calls == ["reference", "reference"]
+    layer(x, weight, torch.zeros(5))
+    assert calls == ["reference", "reference"]
+
+
+def test_a_model_trains_through_the_compiled_feed_forward_layer(kernel: ModuleType) -> None:
+    """The planned layer reaches every feed-forward, and a training step's gradients agree
+    with the reference's."""
+    settings = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2)
+    cfg = ModelConfig(**settings, src_vocab_size=30, tgt_vocab_size=30, dropout=0.0)  # type: ignore[arg-type]
+    src = torch.tensor([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
+    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 0]])
+    grads = []
+    for layer in (dense_relu, compiled_dense_relu(kernel)):
+        torch.manual_seed(0)
+        model = Transformer(cfg, Operations(dense_relu=layer)).train()
+        ffns = [m for m in model.modules() if hasattr(m, "dense_relu")]
+        assert len(ffns) == 4 and all(m.dense_relu is layer for m in ffns)
         model(src, tgt).float().square().mean().backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     for a, b in zip(*grads, strict=True):

@@ -1,5 +1,5 @@
 """What training on a CPU takes from the CPU backend's compiled module: dropout's masks,
-the loss's sweep over the logits, and attention.
+the loss's sweep over the logits, attention, and the feed-forward's bias and ReLU.
 
 All three have references in the core made of PyTorch operations (core/dropout.py,
 core/losses.py, core/attention.py) that cost more than their arithmetic on a CPU (each
@@ -15,7 +15,11 @@ reference attention is a dozen operations forward and as many backward over scor
 matrices of a few hundred elements per head; the compiled one (csrc/attention_train.cpp)
 takes a sentence at a time, all its heads' scores, softmax and weighted sums and their
 gradients over float32 rows in cache, and writes the context with its heads already
-merged.
+merged. The reference feed-forward layer copies its bias into the product's output,
+ReLU writes a second tensor, and backward reads the gradient twice (the mask, the bias's
+sums); the compiled `dense_relu` (csrc/bias_relu.cpp) takes PyTorch's product without the
+bias and adds it with the ReLU in one pass, and backward masks the gradient and sums it
+for the bias in another.
 All are built with the decoding kernels (one module, one build, one cache); where the
 module cannot be built, training keeps the references and says why.
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +40,7 @@ from nmt_cli.backends.plan import Implementation, Target
 from nmt_cli.core.attention import Attention, attention
 from nmt_cli.core.dropout import KeepMask
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
+from nmt_cli.core.step_linear import DenseReLU, dense_relu
 
 
 def compiled_keep_mask(kernel: ModuleType) -> KeepMask:
@@ -64,36 +70,93 @@ def compiled_loss_sweep(kernel: ModuleType) -> LossSweep:
     return sweep
 
 
+@dataclass(frozen=True)
+class _Heads:
+    """Where q, k and v lie in the tensors an attention's projections wrote: `groups`
+    says how many of them (in the order q, k, v) each tensor holds side by side in its
+    rows, the layout of a fused projection's output (self-attention: one tensor of all
+    three; cross-attention: the queries', then one of the keys' and values'; none: q, k
+    and v are tensors of their own)."""
+
+    sentences: int
+    heads: int
+    width: int  # d, the same for q, k and v
+    groups: tuple[int, ...]
+
+    def split(self, sources: tuple[Tensor, ...]) -> list[Tensor]:
+        """q, k and v, (B, h, n, d) views of `sources` (or of their gradients); with no
+        groups, `sources` are q, k and v themselves."""
+        if not self.groups:
+            return list(sources)
+        views = []
+        for source, count in zip(sources, self.groups, strict=True):
+            rows = source.view(self.sentences, -1, count * self.heads * self.width)
+            for part in rows.chunk(count, dim=-1):
+                n = rows.size(1)
+                views.append(part.view(self.sentences, n, self.heads, self.width).transpose(1, 2))
+        return views
+
+
+def _heads_layout(q: Tensor, k: Tensor, v: Tensor) -> tuple[_Heads, tuple[Tensor, ...]]:
+    """How q, k and v lie in the projections' outputs they are views of, and those
+    outputs; where they are not such views, q, k and v themselves, each as it is."""
+    b, h, length, d = q.shape
+    keys = k.size(2)
+    candidates: list[tuple[tuple[int, ...], tuple[Tensor, ...], tuple[int, ...]]] = []
+    if q._base is not None and q._base is k._base is v._base and length == keys:
+        candidates.append(((3,), (q._base,), (b * length * 3 * h * d,)))
+    elif q._base is not None and k._base is not None and k._base is v._base:
+        candidates.append(((1, 2), (q._base, k._base), (b * length * h * d, b * keys * 2 * h * d)))
+    for groups, sources, sizes in candidates:
+        if any(
+            not t.is_contiguous() or t.numel() != n for t, n in zip(sources, sizes, strict=True)
+        ):
+            continue
+        layout = _Heads(b, h, d, groups)
+        found = layout.split(sources)
+        if all(
+            f.shape == x.shape and f.stride() == x.stride() and f.data_ptr() == x.data_ptr()
+            for f, x in zip(found, (q, k, v), strict=True)
+        ):
+            return layout, sources
+    return _Heads(b, h, d, ()), (q, k, v)
+
+
 class _CompiledAttention(torch.autograd.Function):
-    """The module's attention forward and backward; the forward pass keeps the float32
-    weights for the backward pass, as the reference keeps its softmax."""
+    """The module's attention forward and backward on the projections' outputs that q, k
+    and v are heads of (`_Heads`): backward writes each output's gradient whole, where
+    three separate gradients would be concatenated by autograd's split. The forward pass
+    keeps the float32 weights for the backward pass, as the reference keeps its softmax."""
 
     @staticmethod
     def forward(
         ctx: Any,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
+        layout: _Heads,
         key_mask: Tensor | None,
         causal: bool,
         kernel: ModuleType,
+        *sources: Tensor,
     ) -> Tensor:
+        q, k, v = layout.split(sources)
         scale = 1.0 / math.sqrt(q.size(-1))
-        want = any(ctx.needs_input_grad[:3])
+        want = any(ctx.needs_input_grad[4:])
         out, probs = kernel.attention_train_forward(q, k, v, key_mask, causal, scale, want, True)
         if want:
-            ctx.save_for_backward(q, k, v, probs)
-            ctx.scale, ctx.causal, ctx.kernel = scale, causal, kernel
+            ctx.save_for_backward(*sources, probs)
+            ctx.layout, ctx.scale, ctx.causal, ctx.kernel = layout, scale, causal, kernel
         result: Tensor = out
         return result
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, probs = ctx.saved_tensors
-        dq, dk, dv = ctx.kernel.attention_train_backward(
-            grad_out, q, k, v, probs, ctx.scale, ctx.causal, True
+        *sources, probs = ctx.saved_tensors
+        grads = tuple(torch.empty_like(s) for s in sources)
+        q, k, v = ctx.layout.split(tuple(sources))
+        dq, dk, dv = ctx.layout.split(grads)
+        ctx.kernel.attention_train_backward_into(
+            grad_out, q, k, v, probs, ctx.scale, ctx.causal, True, dq, dk, dv
         )
-        return dq, dk, dv, None, None, None
+        return (None, None, None, None, *grads)
 
 
 def compiled_attention(kernel: ModuleType) -> Attention:
@@ -123,10 +186,63 @@ def compiled_attention(kernel: ModuleType) -> Attention:
         if not fits:
             return attention(q, k, v, mask, causal, dropout_p)
         keys = None if mask is None else mask.reshape(b, s)
-        out: Tensor = _CompiledAttention.apply(q, k, v, keys, causal, kernel)
+        layout, sources = _heads_layout(q, k, v)
+        out: Tensor = _CompiledAttention.apply(layout, keys, causal, kernel, *sources)
         return out
 
     return attend
+
+
+class _DenseReLU(torch.autograd.Function):
+    """max(0, x W^T + b): PyTorch's product, then the module's bias and ReLU in place;
+    backward, the module's mask and bias sums, then PyTorch's two products. Under
+    autocast the operands are cast as autocast casts a linear layer's, and kept cast for
+    the backward pass as its products keep them."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, kernel: ModuleType) -> Tensor:
+        cast = torch.is_autocast_enabled("cpu")
+        dtype = torch.get_autocast_dtype("cpu") if cast else x.dtype
+        rows, w = x.reshape(-1, x.size(-1)).to(dtype), weight.to(dtype)
+        with torch.autocast("cpu", enabled=False):
+            out = torch.mm(rows, w.t())
+        kernel.bias_relu_(out, bias.float())
+        ctx.save_for_backward(rows, w, out)
+        ctx.kernel = kernel
+        return out.view(*x.shape[:-1], out.size(-1))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        rows, w, out = ctx.saved_tensors
+        g, bias_grad = ctx.kernel.relu_bias_backward(grad.reshape(out.shape).to(out.dtype), out)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.mm(g, w).view(*grad.shape[:-1], w.size(1))
+        if ctx.needs_input_grad[1]:
+            dw = torch.mm(g.t(), rows)
+        return dx, dw, bias_grad if ctx.needs_input_grad[2] else None, None
+
+
+def compiled_dense_relu(kernel: ModuleType) -> DenseReLU:
+    """The module's bias and ReLU around PyTorch's product for float32 and bfloat16 CPU
+    layers with a bias, in eager mode; the reference for anything else."""
+
+    def layer(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+        fits = (
+            bias is not None
+            and not torch.compiler.is_compiling()
+            and x.device.type == weight.device.type == "cpu"
+            and dtype in (torch.float32, torch.bfloat16)
+            and x.dim() >= 2
+            and x.numel() > 0
+        )
+        if not fits:
+            return dense_relu(x, weight, bias)
+        out: Tensor = _DenseReLU.apply(x, weight, bias, kernel)
+        return out
+
+    return layer
 
 
 def training_kernel(
@@ -146,8 +262,9 @@ def training_kernel(
 
 
 def implementations() -> list[Implementation]:
-    """What the module does for training on a CPU: attention, dropout's masks and the
-    loss's sweep (each tested against its reference in core)."""
+    """What the module does for training on a CPU: attention, dropout's masks, the loss's
+    sweep and the feed-forward's bias and ReLU (each tested against its reference in
+    core)."""
 
     def refuses(target: Target) -> str | None:
         return None if target.kernel is not None else target.no_kernel
@@ -170,6 +287,14 @@ def implementations() -> list[Implementation]:
             "the module's counter-based generator",
             refuses,
             lambda target: compiled_keep_mask(kernel(target)),
+            "cpu",
+            training=True,
+        ),
+        Implementation(
+            "dense_relu",
+            "the module's bias and ReLU around PyTorch's product",
+            refuses,
+            lambda target: compiled_dense_relu(kernel(target)),
             "cpu",
             training=True,
         ),

@@ -324,9 +324,10 @@ std::tuple<at::Tensor, at::Tensor> attention_train_forward(
   return {out, probs};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& probs, double scale, bool causal, bool simd) {
+void attention_train_backward_into(const at::Tensor& grad_out, const at::Tensor& q,
+                                   const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& probs, double scale, bool causal,
+                                   bool simd, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
   RECORD_FUNCTION("nmt::attention_train_backward", std::vector<c10::IValue>());
   const auto dtype = q.scalar_type();
   const at::Tensor g = grad_out.stride(3) == 1 ? grad_out : grad_out.contiguous();
@@ -337,7 +338,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
                   probs.dim() == 4 && probs.size(2) == q.size(2) &&
                   probs.size(3) == padded(k.size(2)),
               "attention_train: the weights must be the forward pass's (B, h, L, S) float32");
-  at::Tensor dq = merged_heads_like(q), dk = merged_heads_like(k), dv = merged_heads_like(v);
+  const auto check_out = [&](const at::Tensor& out, const at::Tensor& in, const char* name) {
+    check_operand(out, name, dtype);
+    TORCH_CHECK(out.sizes() == in.sizes(), "attention_train: ", name, " is ", out.sizes(),
+                ", its input ", in.sizes());
+  };
+  check_out(dq, q, "dq");
+  check_out(dk, k, "dk");
+  check_out(dv, v, "dv");
   const bool vector = use_simd(simd);
   const auto s = static_cast<float>(scale);
   const float* p = probs.const_data_ptr<float>();
@@ -346,6 +354,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
   } else {
     backward_all<uint16_t>(g, q, k, v, p, s, causal, dq, dk, dv, vector);
   }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& probs, double scale, bool causal, bool simd) {
+  at::Tensor dq = merged_heads_like(q), dk = merged_heads_like(k), dv = merged_heads_like(v);
+  attention_train_backward_into(grad_out, q, k, v, probs, scale, causal, simd, dq, dk, dv);
   return {dq, dk, dv};
 }
 

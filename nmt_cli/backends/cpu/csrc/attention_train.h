@@ -32,4 +32,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& probs, double scale, bool causal, bool simd);
 
+// The same gradients written into dq, dk and dv, (B, h, n, d) each in its input's dtype
+// and shape with its last dimension contiguous (other strides free: the heads of one
+// tensor laid out as the projection that made q, k and v, so that the projection's
+// gradient needs no concatenation).
+void attention_train_backward_into(const at::Tensor& grad_out, const at::Tensor& q,
+                                   const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& probs, double scale, bool causal,
+                                   bool simd, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv);
+
 }  // namespace nmt

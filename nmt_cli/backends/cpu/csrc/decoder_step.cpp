@@ -21,6 +21,7 @@
 #include "attention_train.h"
 #include "beam_topk.h"
 #include "bf16_linear.h"
+#include "bias_relu.h"
 #include "cpu_level.h"
 #include "dropout_mask.h"
 #include "fp32_linear.h"
@@ -380,6 +381,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         {"attention", nmt::attention_kernel_available()},
         {"attention_train", nmt::attention_train_vectorized()},
         {"bf16_linear", nmt::bf16_kernel_available()},
+        {"bias_relu", nmt::bias_relu_vectorized()},
         {"dropout_mask", nmt::dropout_mask_vectorized()},
         {"fp32_linear", nmt::fp32_kernel_available()},
         {"int8_linear", nmt::int8_kernel_available()},
@@ -411,4 +413,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("smoothed_loss_sweep", &nmt::smoothed_loss_sweep);
   m.def("attention_train_forward", &nmt::attention_train_forward);
   m.def("attention_train_backward", &nmt::attention_train_backward);
+  m.def("attention_train_backward_into", &nmt::attention_train_backward_into);
+  m.def("bias_relu_", &nmt::bias_relu_);
+  m.def("relu_bias_backward", &nmt::relu_bias_backward);
 }

@@ -9,6 +9,7 @@
 #include "beam_choose.cpp"
 #include "beam_topk.cpp"
 #include "bf16_linear.cpp"
+#include "bias_relu.cpp"
 #include "cpu_level.cpp"
 #include "dropout_mask.cpp"
 #include "fp32_linear.cpp"

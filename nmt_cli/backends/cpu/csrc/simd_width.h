@@ -59,6 +59,10 @@ struct Lanes16 {
   NMT_LANES16 static uint32_t above(Mask m, Vec a, Vec b) {
     return _mm512_mask_cmp_ps_mask(m, a, b, _CMP_GT_OQ);
   }
+  // b's lanes where a's lane is above zero, zeros elsewhere (where a is NaN too).
+  NMT_LANES16 static Vec where_positive(Vec a, Vec b) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ), b);
+  }
   NMT_LANES16 static float reduce_add(Vec a) { return _mm512_reduce_add_ps(a); }
   NMT_LANES16 static float reduce_max(Vec a) { return _mm512_reduce_max_ps(a); }
 
@@ -128,6 +132,9 @@ struct Lanes8 {
   NMT_LANES8 static uint32_t above(Mask m, Vec a, Vec b) {
     const auto bits = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)));
     return bits & ((1u << m) - 1u);
+  }
+  NMT_LANES8 static Vec where_positive(Vec a, Vec b) {
+    return _mm256_and_ps(_mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ), b);
   }
   NMT_LANES8 static float reduce_add(Vec a) { return horizontal_sum(a); }
   NMT_LANES8 static float reduce_max(Vec a) { return horizontal_max(a); }
