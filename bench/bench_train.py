@@ -6,10 +6,10 @@ label-smoothed loss, backward, Adam) on length-grouped batches shaped like Multi
 d_model 256, d_ff 1024, 4 heads, shared vocabulary 8,000) and for base (6+6, 512, 2048,
 8 heads, vocabulary 37,000), in fp32 and bf16 autocast, with freed memory kept for the
 next update as `nmt train` keeps it (`--heaps kept,default` also times glibc's own
-heap) and dropout's masks, the loss's sweep, attention and the feed-forward's bias and
-ReLU from nmt's compiled module as `nmt train` runs them on a CPU (`--kernels
-masks+loss+attention+ffn,masks+loss+attention,none` also times the update with the
-reference feed-forward and with core's references for all four). The matmul peak of
+heap) and dropout's masks and residual add, the loss's sweep, attention and the
+feed-forward's bias and ReLU from nmt's compiled module as `nmt train` runs them on a CPU
+(`--kernels masks+add+loss+attention+ffn,masks+loss+attention+ffn,none` also times the
+update with dropout's stored masks and with core's references for all five). The matmul peak of
 each precision is measured in the same run (2048^3 products), because this host's speed
 drifts.
 
@@ -72,7 +72,7 @@ MODELS = {
 PRECISIONS = (("fp32", torch.float32), ("bf16", torch.bfloat16))
 
 
-ALL_KERNELS = "masks+loss+attention+ffn"
+ALL_KERNELS = "masks+add+loss+attention+ffn"
 
 
 def multi30k_like_batches(vocab: int, max_tokens: int, count: int, seed: int = 0) -> list[Batch]:
@@ -118,15 +118,16 @@ def nmt_step(
     cfg: ModelConfig, precision: str, fused: bool = False, kernels: str = ALL_KERNELS
 ) -> Callable[[Batch], None]:
     """The engine's update on one batch; `fused`: the output projection inside the
-    chunked loss (the GPU's choice); `kernels`: which of dropout's masks, the loss's
-    sweep, attention and the feed-forward's bias and ReLU come from the compiled module
-    ("masks+loss+attention+ffn", as `nmt train` on a CPU, or any of them joined by "+"),
-    the others from the core's references ("none": all of them)."""
+    chunked loss (the GPU's choice); `kernels`: which of dropout's masks and residual add
+    (with its mask drawn in place), the loss's sweep, attention and the feed-forward's
+    bias and ReLU come from the compiled module ("masks+add+loss+attention+ffn", as `nmt
+    train` on a CPU, or any of them joined by "+"), the others from the core's references
+    ("none": all of them)."""
     torch.manual_seed(0)
     chosen = set(kernels.split("+")) - {"none"}
     if not chosen <= set(ALL_KERNELS.split("+")):
         raise SystemExit(
-            f"--kernels: {kernels!r} names other than masks, loss, attention, ffn, none"
+            f"--kernels: {kernels!r} names other than masks, add, loss, attention, ffn, none"
         )
     reference = compiled = REFERENCE
     if chosen:
@@ -140,6 +141,7 @@ def nmt_step(
         keep_mask=(compiled if "masks" in chosen else reference).keep_mask,
         loss_sweep=loss_sweep,
         dense_relu=(compiled if "ffn" in chosen else reference).dense_relu,
+        dropout_add=(compiled if "add" in chosen else reference).dropout_add,
     )
     model = Transformer(cfg, operations)
     objective = TrainingObjective(model, 0.1, PAD_ID, fused_projection=fused, loss_sweep=loss_sweep)

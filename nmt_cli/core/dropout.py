@@ -15,7 +15,9 @@ one; or None, PyTorch's own dropout, for a GPU, whose fused kernel is already fa
 
 `Dropout.add(residual, x)` computes `residual + dropout(x)`, the paper's
 "dropout to the output of each sub-layer, before it is added to the sub-layer input",
-in one pass instead of two.
+in one pass instead of two; a backend may do it in one operation of its own
+(`Operations.dropout_add`: the CPU backend's draws the mask as it adds and again in the
+backward pass, so that it is never stored).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def seed_dropout(device: torch.device, seed: int) -> None:
 
 # (like, p) -> 0 with probability p, else 1 / (1 - p); the dtype and shape of `like`.
 KeepMask = Callable[[Tensor, float], Tensor]
+
+# (residual, x, p) -> residual + dropout(x), differentiable: a backend's fused form.
+DropoutAdd = Callable[[Tensor, Tensor, float], Tensor]
 
 
 def scaled_keep_mask(like: Tensor, p: float) -> Tensor:
@@ -84,12 +89,25 @@ class _MaskedDropoutAdd(torch.autograd.Function):
         return grad.to(ctx.residual_dtype), (grad * mask).to(mask.dtype), None, None
 
 
+def masked_dropout_add(residual: Tensor, x: Tensor, p: float, keep_mask: KeepMask) -> Tensor:
+    """residual + x * keep_mask(x, p), the mask kept for the backward pass: the reference
+    of a DropoutAdd."""
+    out: Tensor = _MaskedDropoutAdd.apply(residual, x, p, keep_mask)
+    return out
+
+
 class Dropout(nn.Dropout):
     """`nn.Dropout` with the cheaper CPU mask, plus `add` for dropout before a residual."""
 
-    def __init__(self, p: float = 0.5, keep_mask: KeepMask | None = scaled_keep_mask) -> None:
+    def __init__(
+        self,
+        p: float = 0.5,
+        keep_mask: KeepMask | None = scaled_keep_mask,
+        fused_add: DropoutAdd | None = None,
+    ) -> None:
         super().__init__(p)
         self.keep_mask = keep_mask  # None: PyTorch's dropout (see the module's docstring)
+        self.fused_add = fused_add  # None: `masked_dropout_add` with keep_mask
 
     def _fast(self, x: Tensor) -> bool:
         """The planned mask, in eager mode: torch.compile cannot trace its 16-bit view of
@@ -110,6 +128,8 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0.0:
             return residual + x
         if self._fast(x):
-            out: Tensor = _MaskedDropoutAdd.apply(residual, x, self.p, self.keep_mask)
-            return out
+            assert self.keep_mask is not None
+            if self.fused_add is not None:
+                return self.fused_add(residual, x, self.p)
+            return masked_dropout_add(residual, x, self.p, self.keep_mask)
         return residual + F.dropout(x, self.p, True)

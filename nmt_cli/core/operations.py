@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from nmt_cli.core.attention import Attention, attention, fused_attention
-from nmt_cli.core.dropout import KeepMask, scaled_keep_mask
+from nmt_cli.core.dropout import DropoutAdd, KeepMask, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
 from nmt_cli.core.step_linear import DenseReLU, LinearLayer, dense_relu
 
@@ -39,6 +39,9 @@ class Operations:
     blocks: Attention = fused_attention
     # Dropout's masks; None: PyTorch's own dropout (a GPU's fused kernel).
     keep_mask: KeepMask | None = scaled_keep_mask
+    # residual + dropout(x) as one operation; None: with keep_mask's masks, kept for the
+    # backward pass (core/dropout.py).
+    dropout_add: DropoutAdd | None = None
     # The smoothed loss's sweep over the logits (core/losses.py).
     loss_sweep: LossSweep = smoothed_loss_sweep
     # The linear layers, with their fused ReLU and residual add (core/step_linear.py).

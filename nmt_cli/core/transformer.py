@@ -175,7 +175,7 @@ class Sublayers(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: Operations) -> None:
         super().__init__()
         self.pre_norm = cfg.pre_norm
-        self.dropout = Dropout(cfg.dropout, ops.keep_mask)
+        self.dropout = Dropout(cfg.dropout, ops.keep_mask, ops.dropout_add)
 
     def before(self, norm: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         return norm(x) if self.pre_norm else x

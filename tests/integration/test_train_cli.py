@@ -82,6 +82,7 @@ def test_train_resume_and_refuse_a_changed_model(setup: tuple[Path, Path]) -> No
         "attention",
         "blocks",
         "keep_mask",
+        "dropout_add",
         "loss_sweep",
         "linear",
         "dense_relu",

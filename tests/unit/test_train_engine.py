@@ -356,8 +356,8 @@ def test_training_on_a_cpu_takes_its_kernels_from_the_compiled_module(
     kernel: Any, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the module built, the plan a CPU run trains with, as `nmt train --verbose`
-    shows it and train.log always records it, takes attention, the dropout masks, the
-    loss's sweep and the feed-forward's bias and ReLU from the module (the blocks of a
+    shows it and train.log always records it, takes attention, the dropout masks and
+    residual adds, the loss's sweep and the feed-forward's bias and ReLU from the module (the blocks of a
     window and the linear layers stay PyTorch's: training's matmuls are oneDNN's), and no
     notice says PyTorch's operations stand in. And the model is built from that plan: its
     first update's loss is not the one PyTorch's masks give on the same batch and weights."""
@@ -383,6 +383,8 @@ def test_training_on_a_cpu_takes_its_kernels_from_the_compiled_module(
         "plan: attention: the module's kernel (padding masks; the reference for others)",
         "plan: blocks: PyTorch's fused kernels",
         "plan: keep_mask: the module's counter-based generator",
+        "plan: dropout_add: the module's, its mask drawn as it adds and again backward, never "
+        "stored",
         "plan: loss_sweep: the module's sweep",
         "plan: linear: core's reference (PyTorch operations)",
         "plan: dense_relu: the module's bias and ReLU around PyTorch's product",

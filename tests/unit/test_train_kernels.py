@@ -18,6 +18,7 @@ from nmt_cli.backends.cpu import training as cpu_kernels_module
 from nmt_cli.backends.cpu.training import (
     compiled_attention,
     compiled_dense_relu,
+    compiled_dropout_add,
     compiled_keep_mask,
     compiled_loss_sweep,
     training_kernel,
@@ -26,7 +27,7 @@ from nmt_cli.backends.machine import machine_plan
 from nmt_cli.backends.plan import Target
 from nmt_cli.core.attention import Attention
 from nmt_cli.core.attention import attention as written_out_attention
-from nmt_cli.core.dropout import Dropout, KeepMask, scaled_keep_mask
+from nmt_cli.core.dropout import Dropout, KeepMask, masked_dropout_add, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sweep
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.operations import Operations
@@ -169,6 +170,7 @@ def test_training_on_a_cpu_draws_its_masks_from_the_compiled_module(kernel: Modu
     assert keep is not scaled_keep_mask and keep is not None
     assert chosen.operations.loss_sweep is not smoothed_loss_sweep
     assert chosen.operations.dense_relu is not dense_relu
+    assert chosen.operations.dropout_add is not None
     assert "keep_mask: the module's counter-based generator" in chosen.describe()
     settings = dict(d_model=16, d_ff=32, n_heads=2, encoder_layers=1, decoder_layers=1)
     cfg = ModelConfig(**settings, src_vocab_size=20, tgt_vocab_size=20)  # type: ignore[arg-type]
@@ -184,6 +186,7 @@ def test_without_the_module_training_plans_the_references_and_says_why() -> None
     assert chosen.operations.loss_sweep is smoothed_loss_sweep
     assert chosen.operations.attention is written_out_attention
     assert chosen.operations.dense_relu is dense_relu
+    assert chosen.operations.dropout_add is None
     lines = chosen.describe()
     assert any(
         line.startswith("keep_mask: core's reference") and "no compiler" in line for line in lines
@@ -647,6 +650,107 @@ def test_a_model_trains_through_the_compiled_feed_forward_layer(kernel: ModuleTy
         model = Transformer(cfg, Operations(dense_relu=layer)).train()
         ffns = [m for m in model.modules() if hasattr(m, "dense_relu")]
         assert len(ffns) == 4 and all(m.dense_relu is layer for m in ffns)
+        model(src, tgt).float().square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+DTYPE_PAIRS = [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.bfloat16),  # a float32 residual stream, a bf16 sublayer (autocast)
+    (torch.bfloat16, torch.float32),
+]
+
+
+@pytest.mark.parametrize(("residual_dtype", "x_dtype"), DTYPE_PAIRS)
+def test_the_fused_dropout_add_draws_the_stored_masks_and_keeps_none(
+    relu_kernel: ModuleType, residual_dtype: torch.dtype, x_dtype: torch.dtype
+) -> None:
+    """From the same generator state, residual + dropout(x) drops exactly what the
+    module's stored mask drops and scales the rest by its value, without keeping a mask.
+    PyTorch's float32 addcmul may fuse x * mask into its addition (an FMA, depending on the
+    kernels ATen runs), where the module rounds the product first: float32 sums agree
+    within that one rounding, 2^-24 |x * mask|, plus each sum's own, 2^-24 |sum| (bounded
+    here by twice both); every other result, and both gradients, bit for bit."""
+    gen = torch.Generator().manual_seed(0)
+    n = 4099  # whole vectors and a tail at every width
+    residual = torch.randn(n, generator=gen).to(residual_dtype).requires_grad_()
+    x = torch.randn(n, generator=gen).to(x_dtype).requires_grad_()
+    grad = torch.randn(n, generator=gen)
+    results, kept = [], []
+    for add in (
+        lambda r, v: masked_dropout_add(r, v, 0.3, compiled_keep_mask(relu_kernel)),
+        lambda r, v: compiled_dropout_add(relu_kernel)(r, v, 0.3),
+    ):
+        torch.manual_seed(7)
+        out = add(residual, x)
+        assert out.grad_fn is not None
+        kept.append(len(out.grad_fn.saved_tensors))  # type: ignore[attr-defined]
+        out.backward(grad.to(out.dtype))
+        results.append((out.detach(), residual.grad, x.grad))
+        residual.grad = x.grad = None
+    (want, *want_grads), (got, *got_grads) = results
+    assert got.dtype == want.dtype
+    assert kept == [1, 0]  # the stored mask; nothing
+    for a, e in zip(got_grads, want_grads, strict=True):
+        assert torch.equal(a, e)
+    if got.dtype == torch.float32 and x_dtype == torch.float32:
+        product = x.detach().abs() / (1 - 0.3)
+        bound = 2.0**-23 * (product + want.abs())
+        assert bool(((got - want).abs() <= bound).all())
+    else:
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("level", ["native", "avx2"])
+@pytest.mark.parametrize(("residual_dtype", "x_dtype"), DTYPE_PAIRS)
+def test_the_fused_dropout_adds_vector_loops_are_the_plain_loops_bit_for_bit(
+    kernel_at: Callable[[str], ModuleType],
+    level: str,
+    residual_dtype: torch.dtype,
+    x_dtype: torch.dtype,
+) -> None:
+    plain, vector = kernel_at("generic"), kernel_at(level)
+    gen = torch.Generator().manual_seed(1)
+    for n, p in ((1, 0.1), (37, 0.5), (5000, 0.1), (1031, 0.99999)):
+        residual = torch.randn(n, generator=gen).to(residual_dtype)
+        x = torch.randn(n, generator=gen).to(x_dtype)
+        outs = [k.dropout_add(residual, x, p, 2**40 + n) for k in (plain, vector)]
+        assert torch.equal(outs[0], outs[1]), (n, p)
+        grads = [k.dropout_grad(outs[0], p, 2**40 + n, x_dtype) for k in (plain, vector)]
+        assert torch.equal(grads[0], grads[1]), (n, p)
+
+
+def test_the_fused_dropout_add_does_not_depend_on_the_threads(kernel: ModuleType) -> None:
+    gen = torch.Generator().manual_seed(2)
+    residual, x = torch.randn(300, 1000, generator=gen), torch.randn(300, 1000, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(kernel.dropout_add(residual, x, 0.1, 12345))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_a_model_trains_through_the_fused_dropout_add(kernel: ModuleType) -> None:
+    """With dropout on, the fused add draws the masks the stored ones would, in the same
+    order: a training step's gradients are the stored masks' to rounding."""
+    settings = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2)
+    cfg = ModelConfig(**settings, src_vocab_size=30, tgt_vocab_size=30, dropout=0.3)  # type: ignore[arg-type]
+    src = torch.tensor([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
+    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 0]])
+    keep = compiled_keep_mask(kernel)
+    grads = []
+    for fused in (None, compiled_dropout_add(kernel)):
+        torch.manual_seed(0)
+        model = Transformer(cfg, Operations(keep_mask=keep, dropout_add=fused)).train()
+        fused_drops = [m for m in model.modules() if isinstance(m, Dropout) and m.fused_add]
+        assert len(fused_drops) == (0 if fused is None else 4)  # each layer's residual adds
         model(src, tgt).float().square().mean().backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     for a, b in zip(*grads, strict=True):

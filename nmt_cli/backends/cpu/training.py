@@ -38,7 +38,7 @@ from torch import Tensor
 from nmt_cli.backends.cpu.build import CompileError, is_built, prepare_kernel
 from nmt_cli.backends.plan import Implementation, Target
 from nmt_cli.core.attention import Attention, attention
-from nmt_cli.core.dropout import KeepMask
+from nmt_cli.core.dropout import DropoutAdd, KeepMask, masked_dropout_add
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
 from nmt_cli.core.step_linear import DenseReLU, dense_relu
 
@@ -47,11 +47,56 @@ def compiled_keep_mask(kernel: ModuleType) -> KeepMask:
     """The module's mask, one seed drawn from the default generator per mask."""
 
     def keep_mask(like: Tensor, p: float) -> Tensor:
-        seed = torch.empty((), dtype=torch.int64).random_()  # 63 random bits
-        mask: Tensor = kernel.scaled_keep_mask(like, p, int(seed))
+        mask: Tensor = kernel.scaled_keep_mask(like, p, _mask_seed())
         return mask
 
     return keep_mask
+
+
+def _mask_seed() -> int:
+    """A mask's seed: 63 random bits from the default generator, so that
+    `torch.manual_seed` reproduces the masks."""
+    return int(torch.empty((), dtype=torch.int64).random_())
+
+
+class _DropoutAdd(torch.autograd.Function):
+    """residual + x * mask with the module's mask drawn as it adds, and drawn again from
+    its seed in the backward pass: the mask is never stored."""
+
+    @staticmethod
+    def forward(ctx: Any, residual: Tensor, x: Tensor, p: float, kernel: ModuleType) -> Tensor:
+        seed = _mask_seed()
+        ctx.p, ctx.seed, ctx.kernel = p, seed, kernel
+        ctx.dtypes = residual.dtype, x.dtype
+        out: Tensor = kernel.dropout_add(residual.contiguous(), x.contiguous(), p, seed)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        residual_dtype, x_dtype = ctx.dtypes
+        grad_x = ctx.kernel.dropout_grad(grad, ctx.p, ctx.seed, x_dtype)
+        return grad.to(residual_dtype), grad_x, None, None
+
+
+def compiled_dropout_add(kernel: ModuleType) -> DropoutAdd:
+    """The module's residual add with its mask drawn in place, for float32 and bfloat16
+    CPU tensors of one shape; the module's stored mask for anything else. The mask is the
+    one `compiled_keep_mask` draws from the same generator state, bit for bit."""
+    stored = compiled_keep_mask(kernel)
+
+    def add(residual: Tensor, x: Tensor, p: float) -> Tensor:
+        fits = (
+            residual.device.type == x.device.type == "cpu"
+            and residual.dtype in (torch.float32, torch.bfloat16)
+            and x.dtype in (torch.float32, torch.bfloat16)
+            and residual.shape == x.shape
+        )
+        if not fits:
+            return masked_dropout_add(residual, x, p, stored)
+        out: Tensor = _DropoutAdd.apply(residual, x, p, kernel)
+        return out
+
+    return add
 
 
 def compiled_loss_sweep(kernel: ModuleType) -> LossSweep:
@@ -262,9 +307,9 @@ def training_kernel(
 
 
 def implementations() -> list[Implementation]:
-    """What the module does for training on a CPU: attention, dropout's masks, the loss's
-    sweep and the feed-forward's bias and ReLU (each tested against its reference in
-    core)."""
+    """What the module does for training on a CPU: attention, dropout's masks and its
+    residual add, the loss's sweep and the feed-forward's bias and ReLU (each tested
+    against its reference in core)."""
 
     def refuses(target: Target) -> str | None:
         return None if target.kernel is not None else target.no_kernel
@@ -287,6 +332,14 @@ def implementations() -> list[Implementation]:
             "the module's counter-based generator",
             refuses,
             lambda target: compiled_keep_mask(kernel(target)),
+            "cpu",
+            training=True,
+        ),
+        Implementation(
+            "dropout_add",
+            "the module's, its mask drawn as it adds and again backward, never stored",
+            refuses,
+            lambda target: compiled_dropout_add(kernel(target)),
             "cpu",
             training=True,
         ),

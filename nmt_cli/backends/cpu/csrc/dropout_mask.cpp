@@ -20,11 +20,15 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -44,18 +48,18 @@ inline uint64_t splitmix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// Elements 4w to 4w + 3 (those below n) from word w: the plain loop, every CPU's, and
-// the vector loops' tail.
+// Elements 4w to 4w + 3 (those below n) from word w, into out[4w - origin ...]: the plain
+// loop, every CPU's, and the vector loops' tail.
 template <typename scalar_t>
-inline void fill_words(scalar_t* out, int64_t n, int64_t begin, int64_t end, uint64_t seed,
-                       uint32_t threshold, scalar_t kept, scalar_t dropped) {
+inline void fill_words(scalar_t* out, int64_t origin, int64_t n, int64_t begin, int64_t end,
+                       uint64_t seed, uint32_t threshold, scalar_t kept, scalar_t dropped) {
   for (int64_t w = begin; w < end; ++w) {
     const uint64_t bits = splitmix64(seed + static_cast<uint64_t>(w + 1) * kGolden);
     const int64_t first = 4 * w;
     const int64_t count = first + 4 <= n ? 4 : n - first;
     for (int64_t k = 0; k < count; ++k) {
       const uint32_t quarter = static_cast<uint32_t>(bits >> (16 * k)) & 0xFFFFu;
-      out[first + k] = quarter >= threshold ? kept : dropped;
+      out[first + k - origin] = quarter >= threshold ? kept : dropped;
     }
   }
 }
@@ -157,26 +161,162 @@ template <typename scalar_t>
 constexpr bool kVector = std::is_same_v<scalar_t, float> || sizeof(scalar_t) == 2;
 #endif
 
+// Words begin .. end - 1 into out[4w - origin ...], in vector loops where they serve.
+template <typename scalar_t>
+void fill_range(scalar_t* out, int64_t origin, int64_t n, int64_t begin, int64_t end,
+                uint64_t seed, uint32_t threshold, scalar_t kept, scalar_t dropped) {
+  int64_t w = begin;
+#if defined(__x86_64__)
+  // A 16-bit comparison cannot say "never kept" (threshold 65536, p within 2^-17 of 1).
+  if constexpr (kVector<scalar_t>) {
+    if (threshold <= 0xFFFFu && dropout_mask_vectorized()) {
+      const auto fill = simd::by_level(&mask_avx512::fill_vector<scalar_t>,
+                                       &mask_avx2::fill_vector<scalar_t>);
+      w = fill(out, origin, n, begin, end, seed, threshold, kept, dropped);
+    }
+  }
+#endif
+  fill_words(out, origin, n, w, end, seed, threshold, kept, dropped);
+}
+
 template <typename scalar_t>
 void fill_mask(scalar_t* out, int64_t n, uint64_t seed, uint32_t threshold, float scale) {
   const scalar_t kept = static_cast<scalar_t>(scale);
   const scalar_t dropped = static_cast<scalar_t>(0.0f);
-  const int64_t words = (n + 3) / 4;
-  // A 16-bit comparison cannot say "never kept" (threshold 65536, p within 2^-17 of 1).
-  const bool vector = threshold <= 0xFFFFu;
-  at::parallel_for(0, words, 4096, [&](int64_t begin, int64_t end) {
-    int64_t w = begin;
-#if defined(__x86_64__)
-    if constexpr (kVector<scalar_t>) {
-      if (vector && dropout_mask_vectorized()) {
-        const auto fill = simd::by_level(&mask_avx512::fill_vector<scalar_t>,
-                                         &mask_avx2::fill_vector<scalar_t>);
-        w = fill(out, n, begin, end, seed, threshold, kept, dropped);
-      }
-    }
-#endif
-    fill_words(out, n, w, end, seed, threshold, kept, dropped);
+  at::parallel_for(0, (n + 3) / 4, 4096, [&](int64_t begin, int64_t end) {
+    fill_range(out, 0, n, begin, end, seed, threshold, kept, dropped);
   });
+}
+
+// The residual add and the gradient with the mask drawn a tile at a time into a float32
+// buffer in cache, never stored whole: elements as stored (float, or bf16's bit pattern).
+using Bf16Bits = uint16_t;
+
+inline float widen_value(float x) { return x; }
+inline float widen_value(Bf16Bits x) {
+  return static_cast<float>(c10::BFloat16(x, c10::BFloat16::from_bits()));
+}
+inline void narrow_value(float x, float* out) { *out = x; }
+inline void narrow_value(float x, Bf16Bits* out) { *out = c10::BFloat16(x).x; }
+inline float round_to(float x, float*) { return x; }
+inline float round_to(float x, Bf16Bits*) { return static_cast<float>(c10::BFloat16(x)); }
+
+// Any CPU: plain loops. out = residual + x * m, with x * m first rounded to x's dtype
+// where the sum is wider than x (a bf16 product added to a float32 residual, as
+// PyTorch's promotion computes it).
+template <typename R, typename X, typename O>
+void add_scaled_plain(const R* r, const X* x, const float* m, O* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float product = widen_value(x[i]) * m[i];
+    if constexpr (!std::is_same_v<X, O>) product = round_to(product, static_cast<X*>(nullptr));
+    const float sum = widen_value(r[i]) + product;
+    narrow_value(sum, out + i);
+  }
+}
+
+// out = g * m, rounded to out's dtype.
+template <typename G, typename X>
+void scale_plain(const G* g, const float* m, X* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float product = widen_value(g[i]) * m[i];
+    narrow_value(product, out + i);
+  }
+}
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
+namespace dropout_avx512 {
+using V = simd::Lanes16;
+#include "dropout_add_lanes.h"
+}  // namespace dropout_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace dropout_avx2 {
+using V = simd::Lanes8;
+#include "dropout_add_lanes.h"
+}  // namespace dropout_avx2
+#pragma GCC pop_options
+#endif
+
+// Words a tile of the mask holds: 1,024 elements, 4 KB of float32.
+constexpr int64_t kTileWords = 256;
+
+// Every tile of n elements in turn, over the threads: `apply(first, count, tile)` with
+// the mask of elements first .. first + count - 1 in `tile`, as scaled_keep_mask would
+// store it in dtype X (its kept value rounded to X), widened to float32.
+template <typename X, typename Apply>
+void each_tile(int64_t n, double p, uint64_t seed, const Apply& apply) {
+  const uint32_t threshold = static_cast<uint32_t>(std::lround(p * 65536.0));
+  X kept_x;
+  narrow_value(static_cast<float>(1.0 / (1.0 - p)), &kept_x);
+  const float kept = widen_value(kept_x);
+  at::parallel_for(0, (n + 3) / 4, 4096, [&](int64_t begin, int64_t end) {
+    alignas(64) float tile[4 * kTileWords];
+    for (int64_t w = begin; w < end; w += kTileWords) {
+      const int64_t last = std::min(end, w + kTileWords);
+      fill_range(tile, 4 * w, n, w, last, seed, threshold, kept, 0.0f);
+      apply(4 * w, std::min(n, 4 * last) - 4 * w, tile);
+    }
+  });
+}
+
+template <typename R, typename X, typename O>
+void dropout_add_typed(const R* r, const X* x, O* out, int64_t n, double p, uint64_t seed) {
+  auto add = &add_scaled_plain<R, X, O>;
+#if defined(__x86_64__)
+  if (dropout_mask_vectorized()) {
+    add = simd::by_level(&dropout_avx512::add_scaled<R, X, O>,
+                         &dropout_avx2::add_scaled<R, X, O>);
+  }
+#endif
+  each_tile<X>(n, p, seed, [&](int64_t first, int64_t count, const float* tile) {
+    add(r + first, x + first, tile, out + first, count);
+  });
+}
+
+template <typename G, typename X>
+void dropout_grad_typed(const G* g, X* out, int64_t n, double p, uint64_t seed) {
+  auto scale = &scale_plain<G, X>;
+#if defined(__x86_64__)
+  if (dropout_mask_vectorized()) {
+    scale = simd::by_level(&dropout_avx512::scale<G, X>, &dropout_avx2::scale<G, X>);
+  }
+#endif
+  each_tile<X>(n, p, seed, [&](int64_t first, int64_t count, const float* tile) {
+    scale(g + first, tile, out + first, count);
+  });
+}
+
+// float32 or bf16 (its bit pattern): f(pointer) with the tensor's data as the type it holds.
+template <typename F>
+void as_stored(const at::Tensor& t, const F& f) {
+  if (t.scalar_type() == at::kFloat) {
+    f(t.const_data_ptr<float>());
+  } else {
+    f(reinterpret_cast<const Bf16Bits*>(t.const_data_ptr()));
+  }
+}
+template <typename F>
+void as_stored(at::Tensor& t, const F& f) {
+  if (t.scalar_type() == at::kFloat) {
+    f(t.data_ptr<float>());
+  } else {
+    f(reinterpret_cast<Bf16Bits*>(t.data_ptr()));
+  }
+}
+
+void check_dropout_operand(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "dropout_add: ", name,
+              " must be a contiguous CPU tensor");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16,
+              "dropout_add: ", name, " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+void check_p(double p) {
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p);
 }
 
 }  // namespace
@@ -191,7 +331,7 @@ bool dropout_mask_vectorized() {
 
 at::Tensor scaled_keep_mask(const at::Tensor& like, double p, int64_t seed) {
   TORCH_CHECK(like.device().is_cpu(), "scaled_keep_mask: a CPU tensor is needed");
-  TORCH_CHECK(p >= 0.0 && p < 1.0, "scaled_keep_mask: p must be in [0, 1), got ", p);
+  check_p(p);
   at::Tensor out = at::empty(like.sizes(), like.options());  // contiguous
   const uint32_t threshold = static_cast<uint32_t>(std::lround(p * 65536.0));
   const float scale = static_cast<float>(1.0 / (1.0 - p));
@@ -199,6 +339,41 @@ at::Tensor scaled_keep_mask(const at::Tensor& like, double p, int64_t seed) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "scaled_keep_mask", [&] {
     fill_mask<scalar_t>(out.data_ptr<scalar_t>(), out.numel(), static_cast<uint64_t>(seed),
                         threshold, scale);
+  });
+  return out;
+}
+
+at::Tensor dropout_add(const at::Tensor& residual, const at::Tensor& x, double p,
+                       int64_t seed) {
+  RECORD_FUNCTION("nmt::dropout_add", std::vector<c10::IValue>());
+  check_dropout_operand(residual, "the residual");
+  check_dropout_operand(x, "the sublayer's output");
+  check_p(p);
+  TORCH_CHECK(residual.sizes() == x.sizes(), "dropout_add: the residual is ", residual.sizes(),
+              ", the sublayer's output ", x.sizes());
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::promote_types(
+                                            residual.scalar_type(), x.scalar_type())));
+  const auto u = static_cast<uint64_t>(seed);
+  as_stored(residual, [&](auto* r) {
+    as_stored(x, [&](auto* v) {
+      as_stored(out, [&](auto* o) { dropout_add_typed(r, v, o, x.numel(), p, u); });
+    });
+  });
+  return out;
+}
+
+at::Tensor dropout_grad(const at::Tensor& grad, double p, int64_t seed, at::ScalarType dtype) {
+  RECORD_FUNCTION("nmt::dropout_grad", std::vector<c10::IValue>());
+  const at::Tensor g = grad.contiguous();
+  check_dropout_operand(g, "the gradient");
+  check_p(p);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "dropout_grad: float32 or bfloat16 is needed, got ", dtype);
+  at::Tensor out = at::empty(g.sizes(), g.options().dtype(dtype));
+  as_stored(g, [&](auto* in) {
+    as_stored(out, [&](auto* o) {
+      dropout_grad_typed(in, o, g.numel(), p, static_cast<uint64_t>(seed));
+    });
   });
   return out;
 }

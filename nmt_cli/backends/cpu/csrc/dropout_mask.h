@@ -13,4 +13,14 @@ bool dropout_mask_vectorized();
 // round(p * 65536) / 65536, else 1 / (1 - p); the same for a seed whatever the threads.
 at::Tensor scaled_keep_mask(const at::Tensor& like, double p, int64_t seed);
 
+// residual + x * scaled_keep_mask(x, p, seed), without the mask ever stored: it is drawn a
+// tile at a time in cache, the same mask bit for bit. residual and x of one shape,
+// contiguous, float32 or bfloat16 each; the result in their promoted dtype, computed as
+// PyTorch computes `residual + x * mask` (addcmul where the dtypes agree).
+at::Tensor dropout_add(const at::Tensor& residual, const at::Tensor& x, double p,
+                       int64_t seed);
+
+// (grad * the same mask), rounded to `dtype` (x's): dropout_add's gradient for x.
+at::Tensor dropout_grad(const at::Tensor& grad, double p, int64_t seed, at::ScalarType dtype);
+
 }  // namespace nmt

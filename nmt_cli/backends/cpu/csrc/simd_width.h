@@ -59,6 +59,12 @@ struct Lanes16 {
   NMT_LANES16 static uint32_t above(Mask m, Vec a, Vec b) {
     return _mm512_mask_cmp_ps_mask(m, a, b, _CMP_GT_OQ);
   }
+  // a as computed: the compiler may not fuse the multiplication that made it into a
+  // following addition (an FMA rounds once where the plain loops round twice).
+  NMT_LANES16 static Vec rounded(Vec a) {
+    __asm__("" : "+v"(a));
+    return a;
+  }
   // b's lanes where a's lane is above zero, zeros elsewhere (where a is NaN too).
   NMT_LANES16 static Vec where_positive(Vec a, Vec b) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ), b);
@@ -132,6 +138,10 @@ struct Lanes8 {
   NMT_LANES8 static uint32_t above(Mask m, Vec a, Vec b) {
     const auto bits = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)));
     return bits & ((1u << m) - 1u);
+  }
+  NMT_LANES8 static Vec rounded(Vec a) {
+    __asm__("" : "+x"(a));
+    return a;
   }
   NMT_LANES8 static Vec where_positive(Vec a, Vec b) {
     return _mm256_and_ps(_mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ), b);
