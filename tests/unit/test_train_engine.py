@@ -357,10 +357,11 @@ def test_training_on_a_cpu_takes_its_kernels_from_the_compiled_module(
 ) -> None:
     """With the module built, the plan a CPU run trains with, as `nmt train --verbose`
     shows it and train.log always records it, takes attention, the dropout masks and
-    residual adds, the loss's sweep and the feed-forward's bias and ReLU from the module (the blocks of a
-    window and the linear layers stay PyTorch's: training's matmuls are oneDNN's), and no
-    notice says PyTorch's operations stand in. And the model is built from that plan: its
-    first update's loss is not the one PyTorch's masks give on the same batch and weights."""
+    residual adds, the loss's sweep and the feed-forward's bias and ReLU from the module
+    (the blocks of a window and the linear layers stay PyTorch's: training's matmuls are
+    oneDNN's), and no notice says PyTorch's operations stand in. And the model is built
+    from that plan: its first update's loss is not the one PyTorch's masks give on the
+    same batch and weights."""
     from nmt_cli.backends.cpu import training as cpu_kernels
     from nmt_cli.backends.cpu.build import CompileError
 

@@ -476,22 +476,38 @@ def test_compiled_attention_leaves_other_masks_and_dtypes_to_the_reference(
     assert calls == ["reference"] * 3
 
 
+def training_gradients(operations: Operations, dropout: float = 0.0) -> list[torch.Tensor]:
+    """The gradients of one training step of a small model built with `operations`, from
+    the same seed (the same weights, and the same masks drawn in the same order)."""
+    settings = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2)
+    cfg = ModelConfig(**settings, src_vocab_size=30, tgt_vocab_size=30, dropout=dropout)  # type: ignore[arg-type]
+    src = torch.tensor([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
+    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 0]])
+    torch.manual_seed(0)
+    model = Transformer(cfg, operations).train()
+    model(src, tgt).float().square().mean().backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def assert_same_training(reference: Operations, planned: Operations, dropout: float = 0.0) -> None:
+    """A training step with the planned operations gives the reference's gradients, to
+    float32 rounding of sums taken in another order."""
+    want, got = training_gradients(reference, dropout), training_gradients(planned, dropout)
+    assert len(want) == len(got)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_a_model_trains_through_the_compiled_attention(kernel: ModuleType) -> None:
     """The planned attention reaches every layer, and a training step's gradients agree
     with the reference's."""
-    settings = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2)
-    cfg = ModelConfig(**settings, src_vocab_size=30, tgt_vocab_size=30, dropout=0.0)  # type: ignore[arg-type]
-    src = torch.tensor([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
-    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 0]])
-    grads = []
-    for attend in (written_out_attention, compiled_attention(kernel)):
-        torch.manual_seed(0)
-        model = Transformer(cfg, Operations(attention=attend)).train()
-        assert all(m.ops.attention is attend for m in model.modules() if hasattr(m, "ops"))
-        model(src, tgt).float().square().mean().backward()
-        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    compiled = compiled_attention(kernel)
+    cfg = ModelConfig(d_model=32, n_heads=4, src_vocab_size=30, tgt_vocab_size=30)
+    model = Transformer(cfg, Operations(attention=compiled))
+    assert all(m.ops.attention is compiled for m in model.modules() if hasattr(m, "ops"))
+    assert_same_training(
+        Operations(attention=written_out_attention), Operations(attention=compiled)
+    )
 
 
 def test_compiled_attention_hands_the_projections_their_gradients_whole(
@@ -569,17 +585,23 @@ def test_the_bias_and_relu_pass_is_one_float32_addition_and_rounding(
     assert bool(((sums.double() - exact).abs() <= bound).all())
 
 
+def at_one_and_two_threads(run: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
+    """What run() returns with one thread and with two."""
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results.append(run())
+    finally:
+        torch.set_num_threads(threads)
+    return results
+
+
 def test_the_bias_sums_do_not_depend_on_the_threads(kernel: ModuleType) -> None:
     gen = torch.Generator().manual_seed(0)
     grad, y = torch.randn(1000, 64, generator=gen), torch.randn(1000, 64, generator=gen)
-    threads = torch.get_num_threads()
-    try:
-        sums = []
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            sums.append(kernel.relu_bias_backward(grad, y)[1])
-    finally:
-        torch.set_num_threads(threads)
+    sums = at_one_and_two_threads(lambda: kernel.relu_bias_backward(grad, y)[1])
     assert torch.equal(sums[0], sums[1])
 
 
@@ -640,20 +662,13 @@ def test_the_compiled_feed_forward_layer_leaves_the_rest_to_the_reference(
 def test_a_model_trains_through_the_compiled_feed_forward_layer(kernel: ModuleType) -> None:
     """The planned layer reaches every feed-forward, and a training step's gradients agree
     with the reference's."""
-    settings = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2)
-    cfg = ModelConfig(**settings, src_vocab_size=30, tgt_vocab_size=30, dropout=0.0)  # type: ignore[arg-type]
-    src = torch.tensor([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
-    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 0]])
-    grads = []
-    for layer in (dense_relu, compiled_dense_relu(kernel)):
-        torch.manual_seed(0)
-        model = Transformer(cfg, Operations(dense_relu=layer)).train()
-        ffns = [m for m in model.modules() if hasattr(m, "dense_relu")]
-        assert len(ffns) == 4 and all(m.dense_relu is layer for m in ffns)
-        model(src, tgt).float().square().mean().backward()
-        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    layer = compiled_dense_relu(kernel)
+    cfg = ModelConfig(d_model=32, n_heads=4, src_vocab_size=30, tgt_vocab_size=30)
+    model = Transformer(cfg, Operations(dense_relu=layer))
+    ffns = [m for m in model.modules() if hasattr(m, "dense_relu")]
+    assert len(ffns) == cfg.encoder_layers + cfg.decoder_layers
+    assert all(m.dense_relu is layer for m in ffns)
+    assert_same_training(Operations(), Operations(dense_relu=layer))
 
 
 DTYPE_PAIRS = [
@@ -726,32 +741,18 @@ def test_the_fused_dropout_adds_vector_loops_are_the_plain_loops_bit_for_bit(
 def test_the_fused_dropout_add_does_not_depend_on_the_threads(kernel: ModuleType) -> None:
     gen = torch.Generator().manual_seed(2)
     residual, x = torch.randn(300, 1000, generator=gen), torch.randn(300, 1000, generator=gen)
-    threads = torch.get_num_threads()
-    try:
-        outs = []
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            outs.append(kernel.dropout_add(residual, x, 0.1, 12345))
-    finally:
-        torch.set_num_threads(threads)
+    outs = at_one_and_two_threads(lambda: kernel.dropout_add(residual, x, 0.1, 12345))
     assert torch.equal(outs[0], outs[1])
 
 
 def test_a_model_trains_through_the_fused_dropout_add(kernel: ModuleType) -> None:
     """With dropout on, the fused add draws the masks the stored ones would, in the same
     order: a training step's gradients are the stored masks' to rounding."""
-    settings = dict(d_model=32, d_ff=64, n_heads=4, encoder_layers=2, decoder_layers=2)
-    cfg = ModelConfig(**settings, src_vocab_size=30, tgt_vocab_size=30, dropout=0.3)  # type: ignore[arg-type]
-    src = torch.tensor([[5, 6, 7, 2, 0], [8, 9, 2, 0, 0]])
-    tgt = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 0]])
-    keep = compiled_keep_mask(kernel)
-    grads = []
-    for fused in (None, compiled_dropout_add(kernel)):
-        torch.manual_seed(0)
-        model = Transformer(cfg, Operations(keep_mask=keep, dropout_add=fused)).train()
-        fused_drops = [m for m in model.modules() if isinstance(m, Dropout) and m.fused_add]
-        assert len(fused_drops) == (0 if fused is None else 4)  # each layer's residual adds
-        model(src, tgt).float().square().mean().backward()
-        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    keep, fused = compiled_keep_mask(kernel), compiled_dropout_add(kernel)
+    cfg = ModelConfig(d_model=32, n_heads=4, src_vocab_size=30, tgt_vocab_size=30)
+    model = Transformer(cfg, Operations(keep_mask=keep, dropout_add=fused))
+    residual_adds = [m for m in model.modules() if isinstance(m, Dropout) and m.fused_add]
+    assert len(residual_adds) == cfg.encoder_layers + cfg.decoder_layers  # a layer's
+    assert_same_training(
+        Operations(keep_mask=keep), Operations(keep_mask=keep, dropout_add=fused), dropout=0.3
+    )

@@ -15,10 +15,10 @@
 
 #include "bias_relu.h"
 #include "cpu_level.h"
+#include "scalar_bf16.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
-#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,12 +39,8 @@ constexpr int64_t kBlockRows = 256;
 // Any CPU: plain loops, the vector loops' reference.
 namespace relu_plain {
 
-inline float widen(float x) { return x; }
-inline float widen(uint16_t x) {
-  return static_cast<float>(c10::BFloat16(x, c10::BFloat16::from_bits()));
-}
-inline void narrow(float x, float* out) { *out = x; }
-inline void narrow(float x, uint16_t* out) { *out = c10::BFloat16(x).x; }
+using scalar::narrow;
+using scalar::widen;
 
 template <typename T>
 void bias_relu_rows(T* y, const float* b, int64_t begin, int64_t end, int64_t n) {

@@ -17,11 +17,11 @@
 
 #include "dropout_mask.h"
 #include "cpu_level.h"
+#include "scalar_bf16.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
-#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -192,14 +192,6 @@ void fill_mask(scalar_t* out, int64_t n, uint64_t seed, uint32_t threshold, floa
 // buffer in cache, never stored whole: elements as stored (float, or bf16's bit pattern).
 using Bf16Bits = uint16_t;
 
-inline float widen_value(float x) { return x; }
-inline float widen_value(Bf16Bits x) {
-  return static_cast<float>(c10::BFloat16(x, c10::BFloat16::from_bits()));
-}
-inline void narrow_value(float x, float* out) { *out = x; }
-inline void narrow_value(float x, Bf16Bits* out) { *out = c10::BFloat16(x).x; }
-inline float round_to(float x, float*) { return x; }
-inline float round_to(float x, Bf16Bits*) { return static_cast<float>(c10::BFloat16(x)); }
 
 // Any CPU: plain loops. out = residual + x * m, with x * m first rounded to x's dtype
 // where the sum is wider than x (a bf16 product added to a float32 residual, as
@@ -207,10 +199,10 @@ inline float round_to(float x, Bf16Bits*) { return static_cast<float>(c10::BFloa
 template <typename R, typename X, typename O>
 void add_scaled_plain(const R* r, const X* x, const float* m, O* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    float product = widen_value(x[i]) * m[i];
-    if constexpr (!std::is_same_v<X, O>) product = round_to(product, static_cast<X*>(nullptr));
-    const float sum = widen_value(r[i]) + product;
-    narrow_value(sum, out + i);
+    float product = scalar::widen(x[i]) * m[i];
+    if constexpr (!std::is_same_v<X, O>) product = scalar::rounded_to<X>(product);
+    const float sum = scalar::widen(r[i]) + product;
+    scalar::narrow(sum, out + i);
   }
 }
 
@@ -218,8 +210,8 @@ void add_scaled_plain(const R* r, const X* x, const float* m, O* out, int64_t n)
 template <typename G, typename X>
 void scale_plain(const G* g, const float* m, X* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const float product = widen_value(g[i]) * m[i];
-    narrow_value(product, out + i);
+    const float product = scalar::widen(g[i]) * m[i];
+    scalar::narrow(product, out + i);
   }
 }
 
@@ -250,9 +242,7 @@ constexpr int64_t kTileWords = 256;
 template <typename X, typename Apply>
 void each_tile(int64_t n, double p, uint64_t seed, const Apply& apply) {
   const uint32_t threshold = static_cast<uint32_t>(std::lround(p * 65536.0));
-  X kept_x;
-  narrow_value(static_cast<float>(1.0 / (1.0 - p)), &kept_x);
-  const float kept = widen_value(kept_x);
+  const float kept = scalar::rounded_to<X>(static_cast<float>(1.0 / (1.0 - p)));
   at::parallel_for(0, (n + 3) / 4, 4096, [&](int64_t begin, int64_t end) {
     alignas(64) float tile[4 * kTileWords];
     for (int64_t w = begin; w < end; w += kTileWords) {

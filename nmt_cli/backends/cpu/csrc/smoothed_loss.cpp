@@ -13,10 +13,10 @@
 
 #include "smoothed_loss.h"
 #include "cpu_level.h"
+#include "scalar_bf16.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
-#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cmath>
@@ -36,14 +36,8 @@ struct RowSums {
   float sum;  // of exp(x - max)
 };
 
-// Scalar float32/bf16 conversions: PyTorch's own (bf16 narrowed to nearest even).
-inline float widen(float x) { return x; }
-inline float widen(uint16_t x) {
-  return static_cast<float>(c10::BFloat16(x, c10::BFloat16::from_bits()));
-}
-
-inline void narrow(float x, float* out) { *out = x; }
-inline void narrow(float x, uint16_t* out) { *out = c10::BFloat16(x).x; }
+using scalar::narrow;
+using scalar::widen;
 
 // Any CPU: plain loops.
 template <typename T>
