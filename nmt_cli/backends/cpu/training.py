@@ -1,25 +1,27 @@
-"""What training on a CPU takes from the CPU backend's compiled module: dropout's masks,
-the loss's sweep over the logits, attention, and the feed-forward's bias and ReLU.
+"""What training on a CPU takes from the CPU backend's compiled module: dropout's masks
+and residual add, the loss's sweep over the logits, attention, and the feed-forward's
+bias and ReLU.
 
-All three have references in the core made of PyTorch operations (core/dropout.py,
-core/losses.py, core/attention.py) that cost more than their arithmetic on a CPU (each
-one's share of a bf16 update on the Multi30k recipe's model: BENCHMARKS.md, "The
-training loop around the update"). The reference mask is four operations, one of them
-PyTorch's CPU `random_`, which runs its generator serially. The compiled
-`scaled_keep_mask` (csrc/dropout_mask.cpp) makes the same mask in one pass from a
-counter-based generator, seeded from PyTorch's default generator, so a run's masks still
-follow its seed and a resumed run repeats them bit for bit. The reference loss sweep is
-a dozen operations over each 64 rows of logits; the compiled `smoothed_loss_sweep`
-(csrc/smoothed_loss.cpp) reads each row twice and writes its gradient once. The
-reference attention is a dozen operations forward and as many backward over score
-matrices of a few hundred elements per head; the compiled one (csrc/attention_train.cpp)
-takes a sentence at a time, all its heads' scores, softmax and weighted sums and their
-gradients over float32 rows in cache, and writes the context with its heads already
-merged. The reference feed-forward layer copies its bias into the product's output,
-ReLU writes a second tensor, and backward reads the gradient twice (the mask, the bias's
-sums); the compiled `dense_relu` (csrc/bias_relu.cpp) takes PyTorch's product without the
-bias and adds it with the ReLU in one pass, and backward masks the gradient and sums it
-for the bias in another.
+Each has a reference in the core made of PyTorch operations (core/dropout.py,
+core/losses.py, core/attention.py, core/step_linear.py) that costs more than its
+arithmetic on a CPU (the first three's share of a bf16 update on the Multi30k recipe's
+model: BENCHMARKS.md, "The training loop around the update"). The reference mask is four
+operations, one of them PyTorch's CPU `random_`, which runs its generator serially. The
+compiled `scaled_keep_mask` (csrc/dropout_mask.cpp) makes the same mask in one pass from
+a counter-based generator, seeded from PyTorch's default generator, so a run's masks
+still follow its seed and a resumed run repeats them bit for bit; its `dropout_add`
+draws the same masks a tile at a time as it adds, and again in the backward pass, so
+that none is stored. The reference loss sweep is a dozen operations over each 64 rows of
+logits; the compiled `smoothed_loss_sweep` (csrc/smoothed_loss.cpp) reads each row twice
+and writes its gradient once. The reference attention is a dozen operations forward and
+as many backward over score matrices of a few hundred elements per head; the compiled
+one (csrc/attention_train.cpp) takes a sentence at a time, all its heads' scores,
+softmax and weighted sums and their gradients over float32 rows in cache, and writes the
+context with its heads already merged. The reference feed-forward layer copies its bias
+into the product's output, ReLU writes a second tensor, and backward reads the gradient
+twice (the mask, the bias's sums); the compiled `dense_relu` (csrc/bias_relu.cpp) takes
+PyTorch's product without the bias and adds it with the ReLU in one pass, and backward
+masks the gradient and sums it for the bias in another.
 All are built with the decoding kernels (one module, one build, one cache); where the
 module cannot be built, training keeps the references and says why.
 """
