@@ -1,4 +1,4 @@
-"""Training speed of `nmt train` against fairseq-train: target tokens/s, fp32, one thread.
+"""Training speed of `nmt train` against fairseq-train: target tokens/s, one thread.
 
 Both on the same core, the same data and the same model shape, in the same run.
 
@@ -34,7 +34,9 @@ throughput is the median over its 20-update intervals that start after `--skip` 
   collation, forward, backward, Adam), which leaves out the per-update logging and stop
   checks around them.
 
-`--avx2` runs both with the CPU capped at AVX2 (NMT_CPU_LEVEL=avx2 for nmt, and
+Both train in fp32; `--nmt-precision bf16` (or `auto`) trains nmt in that precision
+against fairseq's fp32, what each would run on a CPU with bf16 units. `--avx2` runs both
+with the CPU capped at AVX2 (NMT_CPU_LEVEL=avx2 for nmt, and
 ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_ENABLE_INSTRUCTIONS for both; see
 nmt_cli/cpu_level.py). fairseq runs from a Python of its own that sees nmt's torch
 through a .pth file (bench/import_check_fairseq.py says how to make one; fairseq 0.12's
@@ -248,7 +250,7 @@ def train_nmt(
     shutil.rmtree(run_dir, ignore_errors=True)  # a run directory left would be resumed
     settings = [
         f"data.dir={data_dir}",
-        "train.precision=fp32",
+        f"train.precision={args.nmt_precision}",
         "train.threads=1",
         f"train.max_time_minutes={minutes}",
         f"train.max_steps={updates}",
@@ -379,6 +381,9 @@ def main() -> None:
     )
     parser.add_argument("--pairs", type=int, default=0, help="only N training pairs; 0 = all")
     parser.add_argument("--avx2", action="store_true", help="both capped at AVX2")
+    parser.add_argument(
+        "--nmt-precision", default="fp32", help="nmt's train.precision (fairseq: fp32)"
+    )
     parser.add_argument("--work", type=Path, help="keep the work here (default: a temp dir)")
     args = parser.parse_args()
     print("command:", shlex.join(["python", *sys.argv]))
@@ -403,7 +408,8 @@ def compare(args: argparse.Namespace, work: Path, fairseq: list[str]) -> None:
     limit = f"{args.updates} updates" if args.updates else f"{args.minutes:g} minutes"
     logged = sorted({f.batches_per_epoch for f in results["fairseq"]})
     print(
-        f"\n{cpuinfo_field('model name') or 'CPU'}, core {args.core}, one thread, fp32"
+        f"\n{cpuinfo_field('model name') or 'CPU'}, core {args.core}, one thread, nmt "
+        f"{args.nmt_precision}, fairseq fp32"
         f"{', capped at AVX2' if args.avx2 else ''}; torch {torch.__version__}, "
         f"{fairseq_version(args.fairseq_python)}"
     )
