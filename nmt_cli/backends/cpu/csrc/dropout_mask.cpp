@@ -14,6 +14,11 @@
 // vector loops, with the plain loop's integers, so the mask is the same on every CPU
 // (6-9x faster than the plain loop). The seed comes from PyTorch's default generator
 // (training.py), so `torch.manual_seed` reproduces the masks.
+//
+// `dropout_add` is the residual add of the same dropout (core/dropout.py's
+// `masked_dropout_add`, its reference) with the mask drawn a tile at a time into a buffer
+// in cache as it adds, and `dropout_grad` its gradient, the mask drawn again from the seed:
+// the mask is never stored.
 
 #include "dropout_mask.h"
 #include "cpu_level.h"
@@ -191,7 +196,6 @@ void fill_mask(scalar_t* out, int64_t n, uint64_t seed, uint32_t threshold, floa
 // The residual add and the gradient with the mask drawn a tile at a time into a float32
 // buffer in cache, never stored whole: elements as stored (float, or bf16's bit pattern).
 using Bf16Bits = uint16_t;
-
 
 // Any CPU: plain loops. out = residual + x * m, with x * m first rounded to x's dtype
 // where the sum is wider than x (a bf16 product added to a float32 residual, as
