@@ -149,24 +149,27 @@ def _heads_layout(q: Tensor, k: Tensor, v: Tensor) -> tuple[_Heads, tuple[Tensor
     outputs; where they are not such views, q, k and v themselves, each as it is."""
     b, h, length, d = q.shape
     keys = k.size(2)
-    candidates: list[tuple[tuple[int, ...], tuple[Tensor, ...], tuple[int, ...]]] = []
+    as_they_are = _Heads(b, h, d, ()), (q, k, v)
+    groups: tuple[int, ...]
+    sources: tuple[Tensor, ...]
+    sizes: tuple[int, ...]
     if q._base is not None and q._base is k._base is v._base and length == keys:
-        candidates.append(((3,), (q._base,), (b * length * 3 * h * d,)))
+        groups, sources, sizes = (3,), (q._base,), (b * length * 3 * h * d,)
     elif q._base is not None and k._base is not None and k._base is v._base:
-        candidates.append(((1, 2), (q._base, k._base), (b * length * h * d, b * keys * 2 * h * d)))
-    for groups, sources, sizes in candidates:
-        if any(
-            not t.is_contiguous() or t.numel() != n for t, n in zip(sources, sizes, strict=True)
-        ):
-            continue
-        layout = _Heads(b, h, d, groups)
-        found = layout.split(sources)
-        if all(
-            f.shape == x.shape and f.stride() == x.stride() and f.data_ptr() == x.data_ptr()
-            for f, x in zip(found, (q, k, v), strict=True)
-        ):
-            return layout, sources
-    return _Heads(b, h, d, ()), (q, k, v)
+        groups, sources = (1, 2), (q._base, k._base)
+        sizes = (b * length * h * d, b * keys * 2 * h * d)
+    else:
+        return as_they_are
+    if any(not t.is_contiguous() or t.numel() != n for t, n in zip(sources, sizes, strict=True)):
+        return as_they_are
+    layout = _Heads(b, h, d, groups)
+    found = layout.split(sources)
+    if all(
+        f.shape == x.shape and f.stride() == x.stride() and f.data_ptr() == x.data_ptr()
+        for f, x in zip(found, (q, k, v), strict=True)
+    ):
+        return layout, sources
+    return as_they_are
 
 
 class _CompiledAttention(torch.autograd.Function):
@@ -242,14 +245,14 @@ def compiled_attention(kernel: ModuleType) -> Attention:
 
 class _DenseReLU(torch.autograd.Function):
     """max(0, x W^T + b): PyTorch's product, then the module's bias and ReLU in place;
-    backward, the module's mask and bias sums, then PyTorch's two products. Under
-    autocast the operands are cast as autocast casts a linear layer's, and kept cast for
-    the backward pass as its products keep them."""
+    backward, the module's mask and bias sums, then PyTorch's two products. The operands
+    are cast to `dtype` (autocast's where it is on, as it casts a linear layer's) and kept
+    cast for the backward pass as its products keep them."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, kernel: ModuleType) -> Tensor:
-        cast = torch.is_autocast_enabled("cpu")
-        dtype = torch.get_autocast_dtype("cpu") if cast else x.dtype
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, dtype: torch.dtype, kernel: ModuleType
+    ) -> Tensor:
         rows, w = x.reshape(-1, x.size(-1)).to(dtype), weight.to(dtype)
         with torch.autocast("cpu", enabled=False):
             out = torch.mm(rows, w.t())
@@ -267,7 +270,7 @@ class _DenseReLU(torch.autograd.Function):
             dx = torch.mm(g, w).view(*grad.shape[:-1], w.size(1))
         if ctx.needs_input_grad[1]:
             dw = torch.mm(g.t(), rows)
-        return dx, dw, bias_grad if ctx.needs_input_grad[2] else None, None
+        return dx, dw, bias_grad if ctx.needs_input_grad[2] else None, None, None
 
 
 def compiled_dense_relu(kernel: ModuleType) -> DenseReLU:
@@ -286,7 +289,7 @@ def compiled_dense_relu(kernel: ModuleType) -> DenseReLU:
         )
         if not fits:
             return dense_relu(x, weight, bias)
-        out: Tensor = _DenseReLU.apply(x, weight, bias, kernel)
+        out: Tensor = _DenseReLU.apply(x, weight, bias, dtype, kernel)
         return out
 
     return layer
