@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.core.beam_advance import Advance, decode_then_advance
+from nmt_cli.core.open_sentence import search_loop_only
 
 
 class ConstraintState(Protocol):
@@ -126,6 +127,7 @@ class Constrained:
         return chosen if chosen is not None else self.model.advance(lprobs, cum, history, k)
 
     decode_advance = decode_then_advance  # the constraint masks the log-probabilities
+    finish_sentence = search_loop_only
 
     def reorder(self, index: Tensor) -> None:
         self.state.reorder(index)

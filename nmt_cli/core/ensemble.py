@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from nmt_cli.core.beam_advance import Advance, decode_then_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.open_sentence import search_loop_only
 from nmt_cli.core.search import Searchable
 from nmt_cli.core.vocab import Vocab, VocabPair
 from nmt_cli.errors import NmtError
@@ -112,6 +113,7 @@ class Ensemble(nn.Module):
 
     # A whole beam step: the reference, since the members' mean is of their log-probabilities.
     decode_advance = decode_then_advance
+    finish_sentence = search_loop_only
 
     def slots(self, open_sentences: int, beam: int) -> int:
         """The most any member keeps, so no member sees a batch shape it would avoid."""

@@ -50,6 +50,7 @@ from nmt_cli.core.beam_advance import (
     with_ends,
 )
 from nmt_cli.core.constraints import ConstraintState, constrain
+from nmt_cli.core.open_sentence import Ended, OpenSentence
 from nmt_cli.core.search_trace import Trace
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -126,6 +127,15 @@ class Searchable(Protocol):
         """Sentence slots the batch keeps for `open_sentences` still open: at least that
         many; more keeps finished ones as filler, for implementations whose cost depends
         on the number of distinct batch shapes."""
+        ...
+
+    def finish_sentence(
+        self, sentence: OpenSentence, memory: Any, src_mask: Tensor, cache: Any
+    ) -> list[Ended] | None:
+        """The rest of a one-sentence batch's search when nothing is recorded: every
+        hypothesis that ends, in the order search's own loop sets them aside, by a route
+        that gives that loop's results exactly (one call for every step, say); None
+        where the model has none (`search_loop_only`), and search's loop runs."""
         ...
 
 
@@ -322,7 +332,14 @@ class _BeamSearch:
         cum, history, tokens = first.cum, first.history, top_tok.reshape(-1)
         open_set = _OpenSentences(self, sent_ids, k)
         step = 1
+        # A batch down to one sentence may be finished by the model in one call.
+        finish = model.finish_sentence if self.trace is None else None
         while True:
+            if finish is not None and sent_ids.numel() == 1:
+                sentence = self._open_sentence(int(sent_ids[0]), tokens, cum, history, step)
+                if self._finish(finish(sentence, memory, src_mask, cache), int(sent_ids[0])):
+                    break
+                finish = None
             # Until some hypothesis has finished no sentence can be done (its nbest-th
             # score is still -inf), so the bound is only computed from then on.
             done = self._done(cum, open_set, step) if self.any_finished else None
@@ -363,6 +380,34 @@ class _BeamSearch:
                 for hyp in self.results[sent]:
                     hyp.attention = self.trace.path(*self.ends[id(hyp)])
         return self.results
+
+    def _open_sentence(
+        self, sent: int, tokens: Tensor, cum: Tensor, history: Tensor, step: int
+    ) -> OpenSentence:
+        return OpenSentence(
+            tokens,
+            cum.view(-1),
+            history,
+            step,
+            self.k,
+            self.nbest,
+            self.alpha,
+            int(self.limit[sent]),
+            float(self.lp_at_limit[sent]),
+            [hyp.score for hyp in self.finished[sent]],
+            float(self.kth_best[sent]),
+            self.any_finished,
+        )
+
+    def _finish(self, ended: list[Ended] | None, sent: int) -> bool:
+        """Set aside the hypotheses a model's `finish_sentence` found, as _settle does
+        its own; False when it found none because it has no such route."""
+        if ended is None:
+            return False
+        for tokens, log_prob, step in ended:
+            lp = length_penalty_value(step + 1.0, self.alpha)
+            self._add(sent, Hypothesis(tokens, log_prob / lp, log_prob))
+        return True
 
     def _settle(self, chosen: Advance, sent_ids: Tensor, step: int) -> None:
         """Set aside the chosen candidates that end with EOS as finished hypotheses.

@@ -31,6 +31,7 @@ from nmt_cli.core.embedding import Embedding, sinusoidal_positions
 from nmt_cli.core.local_attention import band_mask, banded_attention
 from nmt_cli.core.model_config import Activation, ModelConfig, PositionKind
 from nmt_cli.core.norm import LayerNorm
+from nmt_cli.core.open_sentence import search_loop_only
 from nmt_cli.core.operations import REFERENCE, Operations
 from nmt_cli.core.step_linear import linear, linear_add, linear_relu
 
@@ -353,6 +354,7 @@ class Transformer(nn.Module):
 
     advance = staticmethod(torch_advance)  # search's bookkeeping: the reference
     decode_advance = decode_then_advance  # a whole beam step: the reference
+    finish_sentence = search_loop_only  # search's own loop: the reference
 
     def slots(self, open_sentences: int, beam: int) -> int:
         """The reference keeps no finished sentence as filler."""

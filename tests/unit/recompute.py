@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.core.beam_advance import decode_then_advance
+from nmt_cli.core.open_sentence import search_loop_only
 from nmt_cli.core.transformer import Transformer
 
 
@@ -46,6 +47,7 @@ class FullRecompute:
         self.advance, self.slots = model.advance, model.slots
 
     decode_advance = decode_then_advance  # through the recomputing decode_step
+    finish_sentence = search_loop_only
 
     def source_mask(self, src: Tensor) -> Tensor:
         return self.model.source_mask(src)

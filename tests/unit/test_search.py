@@ -15,6 +15,7 @@ from torch import Tensor
 
 from nmt_cli.backends.cpu.decoder import batch_bucket
 from nmt_cli.core.beam_advance import decode_then_advance, torch_advance
+from nmt_cli.core.open_sentence import search_loop_only
 from nmt_cli.core.search import (
     Hypothesis,
     beam_search,
@@ -55,6 +56,7 @@ class ScriptedModel:
     max_positions = None
     advance = staticmethod(torch_advance)
     decode_advance = decode_then_advance
+    finish_sentence = search_loop_only
 
     def __init__(
         self,

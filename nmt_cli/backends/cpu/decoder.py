@@ -35,10 +35,13 @@ from nmt_cli.backends.cpu.support import unsupported
 from nmt_cli.core.beam_advance import Advance, BeamAdvance, decode_then_advance, torch_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
+from nmt_cli.core.open_sentence import Ended, OpenSentence
 from nmt_cli.core.step_linear import LinearLayer, StepLinear, linear
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.cpu_level import vector_width
+
+_BANNED = [PAD_ID, BOS_ID]  # never chosen: search's mask_specials
 
 
 def kernel_advance(kernel: ModuleType) -> BeamAdvance:
@@ -46,7 +49,7 @@ def kernel_advance(kernel: ModuleType) -> BeamAdvance:
     same bookkeeping as search's torch_advance in one call (tested against it)."""
 
     def advance(lprobs: Tensor, cum: Tensor, history: Tensor, k: int) -> Advance:
-        return Advance(*kernel.beam_advance(lprobs, cum, history, k, EOS_ID, [PAD_ID, BOS_ID]))
+        return Advance(*kernel.beam_advance(lprobs, cum, history, k, EOS_ID, _BANNED))
 
     return advance
 
@@ -154,9 +157,19 @@ class CpuDecoder(nn.Module):
             step = (last_tokens, memory, src_mask, cache, cum, history, k, at_limit)
             return decode_then_advance(self, *step)
         logits = self._logits(last_tokens, memory, src_mask, cache)
-        banned = [PAD_ID, BOS_ID]
-        chosen = self.own_arithmetic.beam_choose(logits, cum, history, k, EOS_ID, banned, at_limit)
+        chosen = self.own_arithmetic.beam_choose(logits, cum, history, k, EOS_ID, _BANNED, at_limit)
         return Advance(*chosen)
+
+    def finish_sentence(
+        self, sentence: OpenSentence, memory: Tensor, src_mask: Tensor, cache: Any
+    ) -> list[Ended] | None:
+        """The rest of a one-sentence search as one call of the compiled step, where
+        decode_advance would take the fused log-softmax and choice over the slot cache:
+        decode_advance's steps and search's rules with no Python between them (tested
+        against search's loop); None elsewhere."""
+        if self.step is None or self.own_arithmetic is None or not isinstance(cache, SlotCache):
+            return None
+        return self.step.finish_sentence(sentence, cache, EOS_ID, _BANNED)
 
     def _logits(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any) -> Tensor:
         """decode_step's output layer before its log-softmax, by the same step."""

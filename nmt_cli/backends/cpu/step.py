@@ -35,6 +35,7 @@ from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.layer_map import DECODER
 from nmt_cli.core.norm import LayerNorm
+from nmt_cli.core.open_sentence import Ended, OpenSentence
 from nmt_cli.core.transformer import DecoderLayer, Transformer
 
 
@@ -134,3 +135,37 @@ class CompiledStep:
             out = self.kernel.step(tokens, cache.length, cache.layers, log_probs)
         cache.length += 1
         return cast(Tensor, out)
+
+    def finish_sentence(
+        self, sentence: OpenSentence, cache: SlotCache, eos: int, banned: list[int]
+    ) -> list[Ended] | None:
+        """The rest of a one-sentence search (core/open_sentence.py) as one call: each
+        step with the fused log-softmax and choice (`banned` ids never chosen) and
+        search's own rules, over the slot cache; None where its buffers would have to
+        grow on the way (they are made for the search's length limit when it says)."""
+        table = cache.table
+        if table.steps <= sentence.limit:
+            return None
+        assert cache.length == sentence.step, "the cache holds every step before this one"
+        slots = cache.prepare(sentence.beam)  # the buffers' room for k rows, now
+        ended, position, slots = self.kernel.finish_sentence(
+            tokens=sentence.tokens,
+            step=sentence.step,
+            layers=cache.layers,
+            slots=slots,
+            sources=table.sources,
+            cum=sentence.cum,
+            history=sentence.history,
+            k=sentence.beam,
+            nbest=sentence.nbest,
+            alpha=sentence.alpha,
+            limit=sentence.limit,
+            lp_at_limit=sentence.lp_at_limit,
+            finished=sentence.finished,
+            kth_best=sentence.kth_best,
+            any_finished=sentence.any_finished,
+            eos=eos,
+            banned=banned,
+        )
+        table.slots, table.length, table.prepared = slots, position, position - 1
+        return [Ended(*hypothesis) for hypothesis in ended]

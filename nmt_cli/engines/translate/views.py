@@ -19,6 +19,7 @@ from torch import Tensor
 
 from nmt_cli.core.beam_advance import Advance, decode_then_advance
 from nmt_cli.core.ensemble import Ensemble, Member, members
+from nmt_cli.core.open_sentence import search_loop_only
 from nmt_cli.errors import NmtError
 
 EOS = "</s>"
@@ -96,6 +97,7 @@ class _View:
         return cast(Advance, self.model.advance(lprobs, cum, history, k))
 
     decode_advance = decode_then_advance  # through decode_step, which keeps the weights
+    finish_sentence = search_loop_only
 
     def slots(self, open_sentences: int, beam: int) -> int:
         return int(self.model.slots(open_sentences, beam))

@@ -27,6 +27,7 @@
 #include "fp32_linear.h"
 #include "int8_linear.h"
 #include "log_softmax.h"
+#include "sentence_books.h"
 #include "smoothed_loss.h"
 
 #include <algorithm>
@@ -327,6 +328,63 @@ class DecoderStep {
     return forward(ids, position, self_attention, cross_attention, log_probs);
   }
 
+  // One sentence's beam search from `step` to its end over the SlotCache: the loop of
+  // core/search.py's _BeamSearch.run for a batch of one sentence, each step this step's
+  // logits and the fused log-softmax and choice (beam_choose.cpp), as
+  // backends/cpu/decoder.py's decode_advance takes them, with no Python between steps.
+  // The state is the Python loop's between two steps: `tokens` (k,) each beam's newest
+  // token, `cum` (k,) their running scores, `history` (k, L), `finished` the scores of
+  // the hypotheses already set aside and `kth_best` the one to beat (-inf until there
+  // are `nbest`), `any_finished` whether any ended; `limit` the sentence's length limit
+  // and `lp_at_limit` its penalty there. The cache must have room for every step up to
+  // the limit and for k rows (SlotCache.prepare(k) before; no buffer grows here), and
+  // `slots` is its table. -> (each hypothesis that ended, in the order the Python loop
+  // sets them aside: (tokens, log-probability, step), the position reached, the table).
+  py::tuple finish_sentence(Tensor tokens, int64_t step, const py::list& layers, Tensor slots,
+                            const Tensor& sources, Tensor cum, Tensor history, int64_t k,
+                            int64_t nbest, double alpha, int64_t limit, double lp_at_limit,
+                            std::vector<double> finished, double kth_best, bool any_finished,
+                            int64_t eos, const std::vector<int64_t>& banned) const {
+    c10::InferenceMode guard;
+    TORCH_CHECK(tokens.numel() == k && cum.numel() == k && history.size(0) == k,
+                "finish_sentence: one sentence of k beams");
+    TORCH_CHECK(slots.size(0) == k && slots.size(1) > limit && slots.scalar_type() == at::kLong,
+                "finish_sentence: a slot table of k rows with room up to the length limit");
+    nmt::FinishedScores books(std::move(finished), nbest, kth_best);
+    const Tensor forced = at::ones({k}, at::kBool);
+    py::list ended;
+    for (;; ++step) {
+      if (any_finished && books.done(cum.max().item<float>(), step, alpha, lp_at_limit)) break;
+      // SlotTable.prepare: this step's keys of row r go to slot r.
+      slots = slots.contiguous();
+      int64_t* column = slots.data_ptr<int64_t>() + step;
+      for (int64_t r = 0; r < k; ++r) column[r * slots.size(1)] = r;
+      const Tensor logits = step_slots(tokens, step, layers, slots, sources, false);
+      const OptTensor at_limit = step >= limit ? OptTensor(forced) : OptTensor();
+      const auto [top_lp, next_cum, next_tokens, origin, grown, ends, any_ended] =
+          nmt::beam_choose(logits, cum, history, k, eos, banned, at_limit);
+      if (any_ended) {  // _BeamSearch._settle
+        any_finished = true;
+        const double lp = nmt::length_penalty(static_cast<double>(step) + 1.0, alpha);
+        const bool* end = ends.const_data_ptr<bool>();
+        const float* scores = top_lp.const_data_ptr<float>();
+        const int64_t* ids = grown.const_data_ptr<int64_t>();
+        const int64_t length = grown.size(1) - 1;  // without the EOS just chosen
+        for (int64_t j = 0; j < k; ++j) {
+          if (!end[j]) continue;
+          books.add(static_cast<double>(scores[j]) / lp);
+          std::vector<int64_t> hypothesis(ids + j * (length + 1), ids + j * (length + 1) + length);
+          ended.append(py::make_tuple(hypothesis, static_cast<double>(scores[j]), step));
+        }
+      }
+      slots = slots.index_select(0, origin);  // SlotCache.reorder within the sentence
+      cum = next_cum.view(-1);
+      history = grown;
+      tokens = next_tokens.view(-1);
+    }
+    return py::make_tuple(ended, step, slots);
+  }
+
  private:
   // The layers and the output projection around the two attentions, which depend on the
   // cache's layout: self_attention(layer, q, k, v) and cross_attention(layer, q) return
@@ -371,7 +429,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecoderStep>(m, "DecoderStep")
       .def(py::init<const py::dict&>())
       .def("step", &DecoderStep::step)
-      .def("step_slots", &DecoderStep::step_slots);
+      .def("step_slots", &DecoderStep::step_slots)
+      .def("finish_sentence", &DecoderStep::finish_sentence, py::arg("tokens"), py::arg("step"),
+           py::arg("layers"), py::arg("slots"), py::arg("sources"), py::arg("cum"),
+           py::arg("history"), py::arg("k"), py::arg("nbest"), py::arg("alpha"),
+           py::arg("limit"), py::arg("lp_at_limit"), py::arg("finished"), py::arg("kth_best"),
+           py::arg("any_finished"), py::arg("eos"), py::arg("banned"));
   m.def("contract", [] { return kContract; });
   m.def("set_cpu_level_cap", &nmt::set_cpu_level_cap);
   m.def("cpu_level", [] { return static_cast<int64_t>(nmt::cpu_level()); });
