@@ -74,17 +74,12 @@ import torch
 
 from nmt_cli.config import RecipeConfig, load_recipe
 from nmt_cli.core.batching import length_grouped_batches, plan_epoch
-from nmt_cli.cpu_level import cpuinfo_field
+from nmt_cli.cpu_level import cpuinfo_field, torch_environment
 from nmt_cli.data_dir import PreparedData, open_data_dir
 from nmt_cli.engines.train.events import BatchSplit
 from nmt_cli.engines.train.feed import derive_split
 
 INTERVAL = 20  # updates between log records: the window of nmt's own tokens_per_s
-AVX2_CAPS = {
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-}
 
 
 def run(command: list[str], extra: dict[str, str], log: Path | None = None) -> str:
@@ -114,7 +109,7 @@ def environment(args: argparse.Namespace, system: str) -> dict[str, str]:
     if args.avx2:
         if system == "nmt":
             extra["NMT_CPU_LEVEL"] = "avx2"
-        extra.update(AVX2_CAPS)
+        extra.update(torch_environment("avx2"))
     return extra
 
 

@@ -37,7 +37,8 @@ and each nmt measurement's ratio to its peer. `--rounds N` repeats every run N t
 turn; the tables give medians and each round's ratio (a round's systems ran minutes
 apart). Then the latency of one line at a time (bench_interactive.py for nmt;
 CTranslate2's worker on one core) and the peak resident memory of fresh `nmt translate`
-processes. A precision this nmt refuses fails its run, with nmt's message.
+processes. A precision this nmt refuses fails its run, with nmt's message. `--avx2` runs
+every system as on an AVX2-only AMD CPU (`emulate_avx2`), on a CPU with more.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from pathlib import Path
 from peer_ct2 import export
 from peer_launch import Layout, run_worker, time_command, usable_cores, worker_command
 
+from nmt_cli.cpu_level import torch_environment
 from nmt_cli.text_io import read_lines
 
 CORPUS = Path(__file__).resolve().parent.parent.parent / "shared/data/multi30k"
@@ -67,9 +69,22 @@ CORPUS = Path(__file__).resolve().parent.parent.parent / "shared/data/multi30k"
 THREAD_VARIABLES = {
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY",
     "GOMP_CPU_AFFINITY", "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
-    # instruction sets capped: another CPU class emulated
-    "NMT_CPU_LEVEL", "CT2_FORCE_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+    # instruction sets capped: another CPU class emulated (--avx2)
+    "NMT_CPU_LEVEL", "CT2_FORCE_CPU_ISA", "CT2_USE_MKL", "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
 }  # fmt: skip
+
+
+def emulate_avx2() -> None:
+    """Every process of the run as on an AVX2-only AMD CPU: nmt's kernels, PyTorch's
+    libraries and CTranslate2's own code capped at AVX2, and CTranslate2's products on
+    oneDNN (capped too), the backend it takes on any CPU that is not Intel's: it takes
+    MKL only on Intel's."""
+    os.environ.update(
+        NMT_CPU_LEVEL="avx2", CT2_FORCE_CPU_ISA="AVX2", CT2_USE_MKL="0", **torch_environment("avx2")
+    )
+
+
 # What each nmt precision is compared with: CTranslate2's nearest compute type.
 PEER_OF = {"fp32": "float32", "bf16": "float32", "int8": "int8"}
 INCLUDES = {
@@ -422,6 +437,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 100 sentences, 30 at batch 1, less memory"
     )
+    parser.add_argument(
+        "--avx2", action="store_true", help="every system as on an AVX2-only AMD CPU"
+    )
     args = parser.parse_args()
     if args.test_src is None:
         args.test_src = CORPUS / "test_2016_flickr.en.gz"
@@ -438,6 +456,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     print("command:", shlex.join(["python", *sys.argv]), flush=True)
+    if args.avx2:
+        emulate_avx2()
     lines = read_lines(args.test_src)
     if args.quick:
         lines, args.single, args.interactive_lines = lines[:100], 30, 20
@@ -447,7 +467,9 @@ def main() -> None:
         f"{platform.python_version()}, {versions()}; model {args.model}; {len(lines)} "
         "sentences; beam 4, alpha 0.6, max |src| + 50"
     )
-    for note in cpu_notes(args.precisions):
+    if args.avx2:
+        print("note: an AVX2-only AMD CPU emulated: the figures are not this CPU's own")
+    for note in [] if args.avx2 else cpu_notes(args.precisions):
         print("note:", note)
     threading = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k in THREAD_VARIABLES]
     print("thread and ISA variables in the environment:", ", ".join(threading) or "none")
