@@ -1,11 +1,11 @@
 """Greedy and batched beam search over the model's incremental-decoding interface only.
 
 Search sees the model through `Searchable`: `source_mask`, `encode`, `new_cache`,
-`decode_step`, `advance`, `decode_advance`, `slots`, the cache's `reorder` and `reserve`, and
-`max_positions`. It knows nothing of layers or kernels, so anything with that interface
-is searched the same way: one Transformer, a backend's wrapper of one, an `Ensemble`
-of them (core/ensemble.py, Sockeye's design: the ensemble is a model, search has no
-ensemble case), or a scripted stub in the tests.
+`decode_step`, `advance`, `decode_advance`, `slots`, `finish_sentence`, the cache's
+`reorder` and `reserve`, and `max_positions`. It knows nothing of layers or kernels, so
+anything with that interface is searched the same way: one Transformer, a backend's
+wrapper of one, an `Ensemble` of them (core/ensemble.py, Sockeye's design: the ensemble is
+a model, search has no ensemble case), or a scripted stub in the tests.
 
 Beam search is the paper's (section 6.1, as in tensor2tensor): a GNMT length penalty
 `lp(Y) = ((5 + |Y|) / 6) ** alpha`, where |Y| counts the output tokens including the
@@ -25,6 +25,8 @@ runs once per batch, the first step runs on one row per sentence (all beams are 
 then) and only then expands the cache to K rows, candidates come from one `topk` over
 the flattened (N, K*V) scores (no full-vocabulary sort; core/beam_advance.py), and
 finished sentences leave the batch so late steps only pay for the sentences still open.
+A batch down to one sentence may be finished by the model in one call
+(`Searchable.finish_sentence`, core/open_sentence.py): search's loop is its reference.
 
 Attention for pictures and alignments: with `need_weights`, beam search asks the model for
 each step's attention weights and keeps them with a back-pointer per row, and every

@@ -67,6 +67,7 @@ def test_the_report_names_the_versions_the_cpu_and_what_auto_picks(
         assert fp32["attention"] == f"the module's {width} kernel over the slot cache"
         assert fp32["log-softmax"] == "the module's passes"
         assert fp32["beam bookkeeping"] == "the module's, fused with its log-softmax"
+        assert fp32["one sentence's search"] == "the module's (C++, one call for every step)"
 
 
 def test_a_lowered_level_changes_every_answer_that_depends_on_it(
@@ -87,6 +88,7 @@ def test_a_lowered_level_changes_every_answer_that_depends_on_it(
         assert "AVX-512" not in " ".join([chosen, *paths.values()]), paths
         assert paths["attention"] == "PyTorch's operations over core's cache"
         assert paths["beam bookkeeping"] == "the module's"  # PyTorch's log-softmax there
+        assert paths["one sentence's search"] == "search's loop (Python)"
     int8 = data["decoding on the CPU in int8"]["linear"]
     assert int8.startswith("PyTorch's quantized kernels"), int8
     assert "not the module's AVX-512 VNNI kernel (a scale per row): it needs the CPU level" in int8

@@ -167,8 +167,9 @@ class CpuDecoder(nn.Module):
         decode_advance would take the fused log-softmax and choice over the slot cache:
         decode_advance's steps and search's rules with no Python between them (tested
         against search's loop); None elsewhere."""
-        if self.step is None or self.own_arithmetic is None or not isinstance(cache, SlotCache):
+        if not self._finishes_sentences() or not isinstance(cache, SlotCache):
             return None
+        assert self.step is not None
         return self.step.finish_sentence(sentence, cache, EOS_ID, _BANNED)
 
     def _logits(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any) -> Tensor:
@@ -240,7 +241,20 @@ class CpuDecoder(nn.Module):
                 if self.own_arithmetic is not None
                 else "the module's"
             ),
+            "one sentence's search": (
+                "the module's (C++, one call for every step)"
+                if self._finishes_sentences()
+                else "search's loop (Python)"
+            ),
         }
+
+    def _finishes_sentences(self) -> bool:
+        """Whether finish_sentence can take a one-sentence search (its cache permitting)."""
+        return (
+            self.step is not None
+            and self.attention_kernel is not None
+            and self.own_arithmetic is not None
+        )
 
     def _attention_width(self) -> str:
         """The attention kernel's instructions at the module's level in force."""
