@@ -264,8 +264,16 @@ def torch_ids(tokens: np.ndarray) -> tuple[Tensor, int]:
 
 def pad_sources(rows: Rows, multiple: int = 1) -> Tensor:
     """(B, S) source tensor: every row + EOS, right-padded with PAD to the longest row
-    (rounded up to a multiple of `multiple`, so that decoding sees few distinct shapes)."""
-    return _padded(_flat(rows, range(len(rows))), multiple, bos=False)
+    (rounded up to a multiple of `multiple`, so that decoding sees few distinct shapes).
+    Written row by row in numpy: a batch to translate is in memory and small, and its few
+    writes cost less than `_padded`'s dozen tensor operations, each of which runs from
+    cold caches between two sentences' decoding (BENCHMARKS.md)."""
+    lengths = [len(row) for row in rows]
+    out = np.full((len(rows), round_up(max(lengths, default=0) + 1, multiple)), PAD_ID)
+    for i, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        out[i, :length] = row
+        out[i, length] = EOS_ID
+    return torch.from_numpy(out.astype(np.int64, copy=False))
 
 
 def _flat(side: TokenStore | Rows, idx: Sequence[int] | np.ndarray) -> Flat:
