@@ -24,9 +24,8 @@ Speed: everything is batched over sentences x beams in one (N*K, V) step, the en
 runs once per batch, the first step runs on one row per sentence (all beams are equal
 then) and only then expands the cache to K rows, candidates come from one `topk` over
 the flattened (N, K*V) scores (no full-vocabulary sort; core/beam_advance.py), and
-finished sentences leave the batch so late steps only pay for the sentences still open.
-A batch down to one sentence may be finished by the model in one call
-(`Searchable.finish_sentence`, core/open_sentence.py): search's loop is its reference.
+finished sentences leave the batch so late steps only pay for the sentences still open;
+the model may finish a one-sentence batch in one call (core/open_sentence.py).
 
 Attention for pictures and alignments: with `need_weights`, beam search asks the model for
 each step's attention weights and keeps them with a back-pointer per row, and every
@@ -134,10 +133,8 @@ class Searchable(Protocol):
     def finish_sentence(
         self, sentence: OpenSentence, memory: Any, src_mask: Tensor, cache: Any
     ) -> list[Ended] | None:
-        """The rest of a one-sentence batch's search when nothing is recorded: every
-        hypothesis that ends, in the order search's own loop sets them aside, by a route
-        that gives that loop's results exactly (one call for every step, say); None
-        where the model has none (`search_loop_only`), and search's loop runs."""
+        """The hypotheses that end in the rest of a one-sentence search, as search's loop
+        finds and sets them aside, by a faster route; None: none (`search_loop_only`)."""
         ...
 
 
@@ -338,8 +335,8 @@ class _BeamSearch:
         finish = model.finish_sentence if self.trace is None else None
         while True:
             if finish is not None and sent_ids.numel() == 1:
-                sentence = self._open_sentence(int(sent_ids[0]), tokens, cum, history, step)
-                if self._finish(finish(sentence, memory, src_mask, cache), int(sent_ids[0])):
+                beams = (tokens, cum, history)
+                if self._hand_over(finish, int(sent_ids[0]), beams, step, memory, src_mask, cache):
                     break
                 finish = None
             # Until some hypothesis has finished no sentence can be done (its nbest-th
@@ -383,32 +380,22 @@ class _BeamSearch:
                     hyp.attention = self.trace.path(*self.ends[id(hyp)])
         return self.results
 
-    def _open_sentence(
-        self, sent: int, tokens: Tensor, cum: Tensor, history: Tensor, step: int
-    ) -> OpenSentence:
-        return OpenSentence(
-            tokens,
-            cum.view(-1),
-            history,
-            step,
-            self.k,
-            self.nbest,
-            self.alpha,
-            int(self.limit[sent]),
-            float(self.lp_at_limit[sent]),
-            [hyp.score for hyp in self.finished[sent]],
-            float(self.kth_best[sent]),
-            self.any_finished,
-        )
-
-    def _finish(self, ended: list[Ended] | None, sent: int) -> bool:
-        """Set aside the hypotheses a model's `finish_sentence` found, as _settle does
-        its own; False when it found none because it has no such route."""
+    def _hand_over(self, finish: Any, sent: int, beams: tuple[Tensor, ...], step: int,
+                   *model_state: Any) -> bool:  # fmt: skip
+        """A one-sentence batch (its beams' tokens, running scores, histories) to the model's
+        `finish_sentence`; its hypotheses set aside as _settle's. False: no such route."""
+        tokens, cum, history = beams
+        state = OpenSentence(
+            tokens, cum.view(-1), history, step, self.k, self.nbest, self.alpha,
+            int(self.limit[sent]), float(self.lp_at_limit[sent]), [h.score for h in
+            self.finished[sent]], float(self.kth_best[sent]), self.any_finished,
+        )  # fmt: skip
+        ended: list[Ended] | None = finish(state, *model_state)
         if ended is None:
             return False
-        for tokens, log_prob, step in ended:
-            lp = length_penalty_value(step + 1.0, self.alpha)
-            self._add(sent, Hypothesis(tokens, log_prob / lp, log_prob))
+        for ids, log_prob, at in ended:
+            lp = length_penalty_value(at + 1.0, self.alpha)
+            self._add(sent, Hypothesis(ids, log_prob / lp, log_prob))
         return True
 
     def _settle(self, chosen: Advance, sent_ids: Tensor, step: int) -> None:
@@ -442,12 +429,10 @@ class _BeamSearch:
             self.kth_best[sent] = hyps[-1].score
 
     def _done(self, cum: Tensor, open_set: _OpenSentences, step: int) -> Tensor:
-        """A sentence is done when no open beam can beat its nbest-th finished hypothesis.
-
-        An open beam's best reachable score is its log-prob over the largest penalty it
-        can still reach: at the next step or at the length limit, whichever is larger
-        (lp grows with length for alpha > 0, shrinks for alpha < 0).
-        """
+        """A sentence is done when no open beam can beat its nbest-th finished hypothesis:
+        an open beam's best reachable score is its log-prob over the largest penalty it
+        can still reach, at the next step or at the length limit, whichever is larger
+        (lp grows with length for alpha > 0, shrinks for alpha < 0)."""
         best_open = cum.max(dim=1).values  # (N,) -inf when every slot is closed
         lp_next = length_penalty_value(step + 1.0, self.alpha)
         bound = best_open / open_set.lp_at_limit.clamp(min=lp_next)
