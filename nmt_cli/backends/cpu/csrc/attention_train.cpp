@@ -120,6 +120,14 @@ struct Ops {
     for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
   }
   static void zero(float* y, int64_t n) { std::fill(y, y + n, 0.0f); }
+  // scale * a (rows x cols, row stride lda) -> out (cols x rows, row stride ldo); written in
+  // order (strided reads are cheaper than strided writes).
+  static void transpose(const float* a, int64_t rows, int64_t cols, int64_t lda, float scale,
+                        float* out, int64_t ldo) {
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t r = 0; r < rows; ++r) out[c * ldo + r] = scale * a[r * lda + c];
+    }
+  }
   // c (M x N, row stride ldc) = a (M x K, nonzero within `band`) b (K x N, row stride ldb).
   static void gemm(int64_t M, int64_t N, int64_t K, Strided a, const float* b, int64_t ldb,
                    float* c, int64_t ldc, Band band = kFull) {

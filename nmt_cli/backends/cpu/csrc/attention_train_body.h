@@ -5,15 +5,6 @@
 // No include guard and no includes: it is meant to be included inside a namespace, after
 // attention_train.cpp's `Scratch`, `Rows`, `Heads`, `Strided` and `Band`.
 
-// scale * a (rows x cols, row stride lda) -> out (cols x rows, row stride ldo); written in
-// order (strided reads are cheaper than strided writes).
-inline void transpose(const float* a, int64_t rows, int64_t cols, int64_t lda, float scale,
-                      float* out, int64_t ldo) {
-  for (int64_t c = 0; c < cols; ++c) {
-    for (int64_t r = 0; r < rows; ++r) out[c * ldo + r] = scale * a[r * lda + c];
-  }
-}
-
 // A sentence's rows of every head, position by position (one sweep through memory) ->
 // out: row r of head h at out + h * n * ldo + r * ldo.
 template <typename T>
@@ -61,7 +52,7 @@ void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, cons
   const Band band = causal ? Band{Band::kAll, S - L} : kFull;
   for (int64_t h = 0; h < H; ++h) {
     const float *qh = w.q.data() + h * L * dp, *kh = w.k.data() + h * S * dp;
-    transpose(kh, S, d, dp, scale, w.t.data(), sp);
+    Ops::transpose(kh, S, d, dp, scale, w.t.data(), sp);
     float* p = probs == nullptr ? w.p.data() : probs + h * L * sp;
     Ops::gemm(L, S, d, {qh, dp, 1}, w.t.data(), sp, p, sp);  // Q (scale K)^T
     weights(p, sp, w.hidden, causal, L, S);
@@ -89,7 +80,7 @@ void backward_sentence(Heads<const T> g, Heads<const T> q, Heads<const T> k, Hea
     const float *gh = w.g.data() + h * L * dp, *qh = w.q.data() + h * L * dp;
     const float *kh = w.k.data() + h * S * dp, *vh = w.v.data() + h * S * dp;
     const float* ph = probs + h * L * sp;
-    transpose(vh, S, d, dp, 1.0f, w.t.data(), sp);
+    Ops::transpose(vh, S, d, dp, 1.0f, w.t.data(), sp);
     Ops::gemm(S, d, L, {ph, 1, sp}, gh, dp, w.dv.data(), dp, transposed);  // P^T G
     float* ds = w.p.data();
     Ops::gemm(L, S, d, {gh, dp, 1}, w.t.data(), sp, ds, sp);  // G V^T
