@@ -11,6 +11,7 @@ to the model's weights and their packed forms, not copies.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from types import ModuleType
 from typing import Any, cast
 
@@ -148,24 +149,10 @@ class CompiledStep:
             return None
         assert cache.length == sentence.step, "the cache holds every step before this one"
         slots = cache.prepare(sentence.beam)  # the buffers' room for k rows, now
+        state = {field.name: getattr(sentence, field.name) for field in fields(sentence)}
         ended, position, slots = self.kernel.finish_sentence(
-            tokens=sentence.tokens,
-            step=sentence.step,
-            layers=cache.layers,
-            slots=slots,
-            sources=table.sources,
-            cum=sentence.cum,
-            history=sentence.history,
-            k=sentence.beam,
-            nbest=sentence.nbest,
-            alpha=sentence.alpha,
-            limit=sentence.limit,
-            lp_at_limit=sentence.lp_at_limit,
-            finished=sentence.finished,
-            kth_best=sentence.kth_best,
-            any_finished=sentence.any_finished,
-            eos=eos,
+            **state, layers=cache.layers, slots=slots, sources=table.sources, eos=eos,
             banned=banned,
-        )
+        )  # fmt: skip
         table.slots, table.length, table.prepared = slots, position, position - 1
         return [Ended(*hypothesis) for hypothesis in ended]

@@ -430,9 +430,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const py::dict&>())
       .def("step", &DecoderStep::step)
       .def("step_slots", &DecoderStep::step_slots)
+      // Named as core/open_sentence.py's OpenSentence fields, which the caller passes.
       .def("finish_sentence", &DecoderStep::finish_sentence, py::arg("tokens"), py::arg("step"),
            py::arg("layers"), py::arg("slots"), py::arg("sources"), py::arg("cum"),
-           py::arg("history"), py::arg("k"), py::arg("nbest"), py::arg("alpha"),
+           py::arg("history"), py::arg("beam"), py::arg("nbest"), py::arg("alpha"),
            py::arg("limit"), py::arg("lp_at_limit"), py::arg("finished"), py::arg("kth_best"),
            py::arg("any_finished"), py::arg("eos"), py::arg("banned"));
   m.def("contract", [] { return kContract; });
