@@ -8,6 +8,8 @@ over where it records attention or where the cache would have to grow."""
 from __future__ import annotations
 
 import copy
+import signal
+import time
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -195,3 +197,43 @@ def test_a_cache_without_room_for_the_limit_keeps_search_loop(
     spy = handovers(model)
     assert _found(beam_search(model, src, 4, max_len_b=38)) == _found(expected)
     assert spy.count == 0
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_signal_during_the_one_call_is_handled_between_its_steps(kernel: ModuleType) -> None:
+    """Ctrl-C (here a timer's handler that raises) reaches Python between two steps of
+    the one call, as it did between two calls of search's loop: a quarter of the way
+    through a long sentence, the exception comes long before the sentence would end."""
+    model = decode_model(
+        "fp32", kernel, compiled=True, d_model=256, d_ff=1024, src_vocab_size=8000,
+        tgt_vocab_size=8000, max_positions=400,
+    )  # fmt: skip
+    if not model._finishes_sentences():
+        pytest.skip("no one-call route on this CPU (the module's fp32 kernels need AVX2)")
+    src = _sentences()[3]
+
+    def search() -> list:
+        return beam_search(model, src, 4, max_len_a=0.0, max_len_b=390)  # 390 steps
+
+    start = time.perf_counter()
+    assert len(search()[0][0].tokens) == 390  # a random model runs to its limit
+    whole = time.perf_counter() - start
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        start = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, whole / 4)
+        with pytest.raises(_Interrupted) as raised:
+            search()
+        interrupted_after = time.perf_counter() - start
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert "finish_sentence" in [entry.name for entry in raised.traceback]
+    assert interrupted_after < 0.75 * whole, (interrupted_after, whole)

@@ -354,6 +354,10 @@ class DecoderStep {
     const Tensor forced = at::ones({k}, at::kBool);
     py::list ended;
     for (;; ++step) {
+      // What returning to Python between steps allowed: Ctrl-C (a signal's handler may
+      // raise), and other threads a turn with the GIL.
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      { py::gil_scoped_release turn; }
       if (any_finished && books.done(cum.max().item<float>(), step, alpha, lp_at_limit)) break;
       // SlotTable.prepare: this step's keys of row r go to slot r.
       slots = slots.contiguous();
