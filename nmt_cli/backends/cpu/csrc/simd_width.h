@@ -14,7 +14,6 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "cpu_level.h"
 #include "simd_exp.h"
@@ -106,10 +105,12 @@ struct Lanes8 {
     __m128i half;
     if (m == 8) {
       half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    } else {  // no 16-bit masked load before AVX-512: through a zeroed copy
-      alignas(16) uint16_t tail[8] = {};
-      std::memcpy(tail, p, static_cast<size_t>(m) * sizeof(uint16_t));
-      half = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+    } else {  // no 16-bit masked load before AVX-512: whole pairs, then an odd last one
+      half = _mm_maskload_epi32(reinterpret_cast<const int*>(p), first_pairs(m));
+      if (m % 2 != 0) {
+        const __m128i last = _mm_set1_epi16(static_cast<int16_t>(p[m - 1]));
+        half = _mm_or_si128(half, _mm_and_si128(last, lane16(m - 1)));
+      }
     }
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
   }
@@ -120,9 +121,22 @@ struct Lanes8 {
   NMT_LANES8 static void store(uint16_t* p, Vec x, Mask m) {
     const __m128i packed = to_bf16(x);
     if (m == 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-    alignas(16) uint16_t tail[8];
-    _mm_store_si128(reinterpret_cast<__m128i*>(tail), packed);
-    std::memcpy(p, tail, static_cast<size_t>(m) * sizeof(uint16_t));
+    _mm_maskstore_epi32(reinterpret_cast<int*>(p), first_pairs(m), packed);
+    if (m % 2 != 0) {
+      alignas(16) uint16_t lanes[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(lanes), packed);
+      p[m - 1] = lanes[m - 1];
+    }
+  }
+  // The partial loads and stores of 16-bit lanes call no function (memcpy would make
+  // every vector register of a caller's loop go through memory around the call): the
+  // 32-bit pairs of the first m lanes (m < 8), and 16-bit lane i alone.
+  NMT_LANES8 static __m128i first_pairs(Mask m) {
+    return _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(m / 2)), _mm_setr_epi32(0, 1, 2, 3));
+  }
+  NMT_LANES8 static __m128i lane16(Mask i) {
+    return _mm_cmpeq_epi16(_mm_set1_epi16(static_cast<int16_t>(i)),
+                           _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
   }
   NMT_LANES8 static Vec zero() { return _mm256_setzero_ps(); }
   NMT_LANES8 static Vec set1(float x) { return _mm256_set1_ps(x); }
