@@ -66,11 +66,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from fairseq_work import run_beside_fairseq
 
 from nmt_cli.config import RecipeConfig, load_recipe
 from nmt_cli.core.batching import length_grouped_batches, plan_epoch
@@ -380,13 +380,7 @@ def main() -> None:
         "--nmt-precision", default="fp32", help="nmt's train.precision (fairseq: fp32)"
     )
     parser.add_argument("--work", type=Path, help="keep the work here (default: a temp dir)")
-    args = parser.parse_args()
-    print("command:", shlex.join(["python", *sys.argv]))
-    fairseq = [str(args.fairseq_python), "-m"]
-    with tempfile.TemporaryDirectory() as name:
-        work = args.work or Path(name)
-        work.mkdir(parents=True, exist_ok=True)
-        compare(args, work, fairseq)
+    run_beside_fairseq(parser.parse_args(), compare)
 
 
 def compare(args: argparse.Namespace, work: Path, fairseq: list[str]) -> None:

@@ -37,11 +37,11 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import sacrebleu
+from fairseq_work import run_beside_fairseq
 
 from nmt_cli.text_io import read_lines
 
@@ -101,13 +101,7 @@ def main() -> None:
     parser.add_argument(
         "--reuse", action="store_true", help="with --work: keep a fairseq model trained there"
     )
-    args = parser.parse_args()
-    print("command:", shlex.join(["python", *sys.argv]))
-    fairseq = [str(args.fairseq_python), "-m"]
-    with tempfile.TemporaryDirectory() as name:
-        work = args.work or Path(name)
-        work.mkdir(parents=True, exist_ok=True)
-        check(args, work, fairseq)
+    run_beside_fairseq(parser.parse_args(), check)
 
 
 def check(args: argparse.Namespace, work: Path, fairseq: list[str]) -> None:

@@ -32,7 +32,6 @@ class OpenSentence:
     limit: int  # its length limit: EOS is forced from this step on
     lp_at_limit: float  # the length penalty at the limit
     finished: list[float]  # the scores of its hypotheses set aside, as _BeamSearch keeps them
-    kth_best: float  # the nbest-th of them; -inf until there are nbest
     any_finished: bool  # whether any hypothesis of the batch has ended
 
 

@@ -387,8 +387,8 @@ class _BeamSearch:
         tokens, cum, history = beams
         state = OpenSentence(
             tokens, cum.view(-1), history, step, self.k, self.nbest, self.alpha,
-            int(self.limit[sent]), float(self.lp_at_limit[sent]), [h.score for h in
-            self.finished[sent]], float(self.kth_best[sent]), self.any_finished,
+            int(self.limit[sent]), float(self.lp_at_limit[sent]),
+            [hyp.score for hyp in self.finished[sent]], self.any_finished,
         )  # fmt: skip
         ended: list[Ended] | None = finish(state, *model_state)
         if ended is None:

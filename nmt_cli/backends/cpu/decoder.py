@@ -249,12 +249,10 @@ class CpuDecoder(nn.Module):
         }
 
     def _finishes_sentences(self) -> bool:
-        """Whether finish_sentence can take a one-sentence search (its cache permitting)."""
-        return (
-            self.step is not None
-            and self.attention_kernel is not None
-            and self.own_arithmetic is not None
-        )
+        """Whether finish_sentence can take a one-sentence search (its cache permitting):
+        the compiled step over the slot cache, whose attention kernel is there only where
+        the log-softmax and choice are the module's too."""
+        return self.step is not None and self.attention_kernel is not None
 
     def _attention_width(self) -> str:
         """The attention kernel's instructions at the module's level in force."""

@@ -334,8 +334,8 @@ class DecoderStep {
   // backends/cpu/decoder.py's decode_advance takes them, with no Python between steps.
   // The state is the Python loop's between two steps: `tokens` (k,) each beam's newest
   // token, `cum` (k,) their running scores, `history` (k, L), `finished` the scores of
-  // the hypotheses already set aside and `kth_best` the one to beat (-inf until there
-  // are `nbest`), `any_finished` whether any ended; `limit` the sentence's length limit
+  // the hypotheses already set aside (the best `nbest` of them beat), `any_finished`
+  // whether any ended; `limit` the sentence's length limit
   // and `lp_at_limit` its penalty there. The cache must have room for every step up to
   // the limit and for k rows (SlotCache.prepare(k) before; no buffer grows here), and
   // `slots` is its table. -> (each hypothesis that ended, in the order the Python loop
@@ -343,14 +343,14 @@ class DecoderStep {
   py::tuple finish_sentence(Tensor tokens, int64_t step, const py::list& layers, Tensor slots,
                             const Tensor& sources, Tensor cum, Tensor history, int64_t k,
                             int64_t nbest, double alpha, int64_t limit, double lp_at_limit,
-                            std::vector<double> finished, double kth_best, bool any_finished,
+                            std::vector<double> finished, bool any_finished,
                             int64_t eos, const std::vector<int64_t>& banned) const {
     c10::InferenceMode guard;
     TORCH_CHECK(tokens.numel() == k && cum.numel() == k && history.size(0) == k,
                 "finish_sentence: one sentence of k beams");
     TORCH_CHECK(slots.size(0) == k && slots.size(1) > limit && slots.scalar_type() == at::kLong,
                 "finish_sentence: a slot table of k rows with room up to the length limit");
-    nmt::FinishedScores books(std::move(finished), nbest, kth_best);
+    nmt::FinishedScores books(std::move(finished), nbest);
     const Tensor forced = at::ones({k}, at::kBool);
     py::list ended;
     for (;; ++step) {
@@ -438,7 +438,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("finish_sentence", &DecoderStep::finish_sentence, py::arg("tokens"), py::arg("step"),
            py::arg("layers"), py::arg("slots"), py::arg("sources"), py::arg("cum"),
            py::arg("history"), py::arg("beam"), py::arg("nbest"), py::arg("alpha"),
-           py::arg("limit"), py::arg("lp_at_limit"), py::arg("finished"), py::arg("kth_best"),
+           py::arg("limit"), py::arg("lp_at_limit"), py::arg("finished"),
            py::arg("any_finished"), py::arg("eos"), py::arg("banned"));
   m.def("contract", [] { return kContract; });
   m.def("set_cpu_level_cap", &nmt::set_cpu_level_cap);

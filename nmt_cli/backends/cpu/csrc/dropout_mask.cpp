@@ -237,6 +237,16 @@ using V = simd::Lanes8;
 #pragma GCC pop_options
 #endif
 
+// The mask's rule for p, in one place for the stored mask and the tiles: an element is
+// kept where its 16 random bits reach `threshold`, and then holds `scale`.
+struct KeepRule {
+  uint32_t threshold;
+  float scale;
+  explicit KeepRule(double p)
+      : threshold(static_cast<uint32_t>(std::lround(p * 65536.0))),
+        scale(static_cast<float>(1.0 / (1.0 - p))) {}
+};
+
 // Words a tile of the mask holds: 1,024 elements, 4 KB of float32.
 constexpr int64_t kTileWords = 256;
 
@@ -245,13 +255,13 @@ constexpr int64_t kTileWords = 256;
 // store it in dtype X (its kept value rounded to X), widened to float32.
 template <typename X, typename Apply>
 void each_tile(int64_t n, double p, uint64_t seed, const Apply& apply) {
-  const uint32_t threshold = static_cast<uint32_t>(std::lround(p * 65536.0));
-  const float kept = scalar::rounded_to<X>(static_cast<float>(1.0 / (1.0 - p)));
+  const KeepRule rule(p);
+  const float kept = scalar::rounded_to<X>(rule.scale);
   at::parallel_for(0, (n + 3) / 4, 4096, [&](int64_t begin, int64_t end) {
     alignas(64) float tile[4 * kTileWords];
     for (int64_t w = begin; w < end; w += kTileWords) {
       const int64_t last = std::min(end, w + kTileWords);
-      fill_range(tile, 4 * w, n, w, last, seed, threshold, kept, 0.0f);
+      fill_range(tile, 4 * w, n, w, last, seed, rule.threshold, kept, 0.0f);
       apply(4 * w, std::min(n, 4 * last) - 4 * w, tile);
     }
   });
@@ -327,12 +337,11 @@ at::Tensor scaled_keep_mask(const at::Tensor& like, double p, int64_t seed) {
   TORCH_CHECK(like.device().is_cpu(), "scaled_keep_mask: a CPU tensor is needed");
   check_p(p);
   at::Tensor out = at::empty(like.sizes(), like.options());  // contiguous
-  const uint32_t threshold = static_cast<uint32_t>(std::lround(p * 65536.0));
-  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  const KeepRule rule(p);
   const auto dtype = out.scalar_type();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "scaled_keep_mask", [&] {
     fill_mask<scalar_t>(out.data_ptr<scalar_t>(), out.numel(), static_cast<uint64_t>(seed),
-                        threshold, scale);
+                        rule.threshold, rule.scale);
   });
   return out;
 }

@@ -20,19 +20,18 @@ inline double length_penalty(double length, double alpha) {
 }
 
 // The scores of a sentence's finished hypotheses as _BeamSearch._add keeps them: once it
-// has `nbest`, only the best `nbest`, and the worst of those is the score to beat.
+// has `nbest`, only the best `nbest`, and the worst of those is the score to beat (-inf
+// until then).
 class FinishedScores {
  public:
-  FinishedScores(std::vector<double> scores, int64_t nbest, double kth_best)
-      : scores_(std::move(scores)), nbest_(nbest), kth_best_(kth_best) {}
+  FinishedScores(std::vector<double> scores, int64_t nbest)
+      : scores_(std::move(scores)), nbest_(nbest) {
+    keep_best();
+  }
 
   void add(double score) {
     scores_.push_back(score);
-    if (static_cast<int64_t>(scores_.size()) >= nbest_) {
-      std::stable_sort(scores_.begin(), scores_.end(), std::greater<double>());
-      scores_.resize(static_cast<size_t>(nbest_));
-      kth_best_ = scores_.back();
-    }
+    keep_best();
   }
 
   // _BeamSearch._done for one sentence: no open beam can beat its nbest-th finished
@@ -44,9 +43,16 @@ class FinishedScores {
   }
 
  private:
+  void keep_best() {
+    if (static_cast<int64_t>(scores_.size()) < nbest_) return;
+    std::stable_sort(scores_.begin(), scores_.end(), std::greater<double>());
+    scores_.resize(static_cast<size_t>(nbest_));
+    kth_best_ = scores_.back();
+  }
+
   std::vector<double> scores_;
   int64_t nbest_;
-  double kth_best_;
+  double kth_best_ = -std::numeric_limits<double>::infinity();
 };
 
 }  // namespace nmt
