@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.core.step_linear import linear
+
 
 def seed_dropout(device: torch.device, seed: int) -> None:
     """Seed the generator `device`'s dropout masks come from, and only that one:
@@ -46,8 +48,10 @@ def seed_dropout(device: torch.device, seed: int) -> None:
 # (like, p) -> 0 with probability p, else 1 / (1 - p); the dtype and shape of `like`.
 KeepMask = Callable[[Tensor, float], Tensor]
 
-# (residual, x, p) -> residual + dropout(x), differentiable: a backend's fused form.
-DropoutAdd = Callable[[Tensor, Tensor, float], Tensor]
+# (residual, x, p, bias) -> residual + dropout(x + bias) (bias None: + 0), differentiable:
+# a backend's fused form. `bias` is the float32 bias of the linear layer whose product
+# without it is x, added here instead of into the product's output.
+DropoutAdd = Callable[[Tensor, Tensor, float, Tensor | None], Tensor]
 
 
 def scaled_keep_mask(like: Tensor, p: float) -> Tensor:
@@ -89,10 +93,13 @@ class _MaskedDropoutAdd(torch.autograd.Function):
         return grad.to(ctx.residual_dtype), (grad * mask).to(mask.dtype), None, None
 
 
-def masked_dropout_add(residual: Tensor, x: Tensor, p: float, keep_mask: KeepMask) -> Tensor:
-    """residual + x * keep_mask(x, p), the mask kept for the backward pass: the reference
-    of a DropoutAdd."""
-    out: Tensor = _MaskedDropoutAdd.apply(residual, x, p, keep_mask)
+def masked_dropout_add(
+    residual: Tensor, x: Tensor, p: float, keep_mask: KeepMask, bias: Tensor | None = None
+) -> Tensor:
+    """residual + (x + bias) * keep_mask(x + bias, p), the mask kept for the backward
+    pass: the reference of a DropoutAdd."""
+    biased = x if bias is None else x + bias
+    out: Tensor = _MaskedDropoutAdd.apply(residual, biased, p, keep_mask)
     return out
 
 
@@ -130,6 +137,18 @@ class Dropout(nn.Dropout):
         if self._fast(x):
             assert self.keep_mask is not None
             if self.fused_add is not None:
-                return self.fused_add(residual, x, self.p)
+                return self.fused_add(residual, x, self.p, None)
             return masked_dropout_add(residual, x, self.p, self.keep_mask)
         return residual + F.dropout(x, self.p, True)
+
+    def add_linear(self, residual: Tensor, layer: nn.Module, x: Tensor) -> Tensor:
+        """residual + dropout(layer(x)). A fused add takes an `nn.Linear`'s bias itself:
+        the product's output is then written once, not first filled with the bias, and
+        the bias's gradient is summed as the add's gradient is written, not in a pass of
+        its own."""
+        bias = layer.bias if isinstance(layer, nn.Linear) else None
+        fused = self.training and self.p > 0.0 and self.fused_add is not None
+        if fused and bias is not None and self._fast(x):
+            assert self.fused_add is not None
+            return self.fused_add(residual, F.linear(x, layer.weight), self.p, bias)
+        return self.add(residual, linear(layer, x))

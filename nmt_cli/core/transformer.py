@@ -83,6 +83,19 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x: (B, L, D), key_mask (B, 1, 1, M) boolean, True where a key may be attended ->
         (B, L, D), and the weights (B, h, L, M) only when asked for."""
+        ctx, weights = self.context(x, memory, key_mask, causal, need_weights)
+        return self.out(ctx), weights
+
+    def context(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """`forward` before the output projection (which a layer may fuse into its
+        residual add): the heads' contexts merged, (B, L, h * d_v)."""
         if self.self_attention:
             q, k, v = self.qkv(x).split([self.h * self.d_k] * 2 + [self.h * self.d_v], dim=-1)
             q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
@@ -102,8 +115,7 @@ class MultiHeadAttention(nn.Module):
         else:
             ctx = self.ops.attention(q, k, v, key_mask, causal, dropout_p)
         b, _, length, _ = ctx.shape
-        ctx = ctx.transpose(1, 2).reshape(b, length, self.h * self.d_v)
-        return self.out(ctx), weights
+        return ctx.transpose(1, 2).reshape(b, length, self.h * self.d_v), weights
 
     def step(
         self,
@@ -154,11 +166,16 @@ class FeedForward(nn.Module):
         self.dense_relu = ops.dense_relu  # the plan's (core/operations.py)
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.hidden(x))
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """`forward` before the second layer (which a layer may fuse into its residual
+        add): the activations after their dropout."""
         if self.activation == "relu" and isinstance(self.w1, nn.Linear):
             hidden = self.dense_relu(x, self.w1.weight, self.w1.bias)
         else:  # another activation, or a backend's decoding layer
             hidden = self.act(self.w1(x))
-        return self.w2(self.relu_dropout(hidden))
+        return self.relu_dropout(hidden)
 
     def step(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + FFN(x) for decoding (no dropout), with the ReLU and the residual add
@@ -197,10 +214,11 @@ class EncoderLayer(Sublayers):
     def forward(
         self, x: Tensor, src_mask: Tensor, need_weights: bool = False
     ) -> tuple[Tensor, Tensor | None]:
-        a, weights = self.self_attn(self.before(self.norm1, x), None, src_mask, False, need_weights)
-        x = self.after(self.norm1, self.dropout.add(x, a))
-        f = self.ffn(self.before(self.norm2, x))
-        return self.after(self.norm2, self.dropout.add(x, f)), weights
+        attn, ffn = self.self_attn, self.ffn
+        a, weights = attn.context(self.before(self.norm1, x), None, src_mask, False, need_weights)
+        x = self.after(self.norm1, self.dropout.add_linear(x, attn.out, a))
+        f = ffn.hidden(self.before(self.norm2, x))
+        return self.after(self.norm2, self.dropout.add_linear(x, ffn.w2, f)), weights
 
 
 @dataclass
@@ -225,13 +243,15 @@ class DecoderLayer(Sublayers):
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """-> (output, self-attention weights, cross-attention weights); weights only
         when asked for."""
-        a, own = self.self_attn(self.before(self.norm1, y), causal=True, need_weights=need_weights)
-        y = self.after(self.norm1, self.dropout.add(y, a))
+        add = self.dropout.add_linear  # residual + dropout(the sublayer's last layer)
+        x = self.before(self.norm1, y)
+        a, own = self.self_attn.context(x, causal=True, need_weights=need_weights)
+        y = self.after(self.norm1, add(y, self.self_attn.out, a))
         x = self.before(self.norm2, y)
-        c, cross = self.cross_attn(x, memory, src_mask, need_weights=need_weights)
-        y = self.after(self.norm2, self.dropout.add(y, c))
-        f = self.ffn(self.before(self.norm3, y))
-        return self.after(self.norm3, self.dropout.add(y, f)), own, cross
+        c, cross = self.cross_attn.context(x, memory, src_mask, need_weights=need_weights)
+        y = self.after(self.norm2, add(y, self.cross_attn.out, c))
+        f = self.ffn.hidden(self.before(self.norm3, y))
+        return self.after(self.norm3, add(y, self.ffn.w2, f)), own, cross
 
     def step(
         self,

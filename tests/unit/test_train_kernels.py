@@ -679,44 +679,58 @@ DTYPE_PAIRS = [
 ]
 
 
+@pytest.mark.parametrize("biased", [False, True])
 @pytest.mark.parametrize(("residual_dtype", "x_dtype"), DTYPE_PAIRS)
 def test_the_fused_dropout_add_draws_the_stored_masks_and_keeps_none(
-    relu_kernel: ModuleType, residual_dtype: torch.dtype, x_dtype: torch.dtype
+    relu_kernel: ModuleType, residual_dtype: torch.dtype, x_dtype: torch.dtype, biased: bool
 ) -> None:
-    """From the same generator state, residual + dropout(x) drops exactly what the
+    """From the same generator state, residual + dropout(x [+ bias]) drops exactly what the
     module's stored mask drops and scales the rest by its value, without keeping a mask.
     PyTorch's float32 addcmul may fuse x * mask into its addition (an FMA, depending on the
     kernels ATen runs), where the module rounds the product first: float32 sums agree
     within that one rounding, 2^-24 |x * mask|, plus each sum's own, 2^-24 |sum| (bounded
-    here by twice both); every other result, and both gradients, bit for bit."""
+    here by twice both); every other result, and the residual's and x's gradients, bit
+    for bit. The bias's gradient, a float32 sum over the rows in another order than
+    autograd's, within both sums' rounding: 2 (rows - 1) 2^-24 sum |grad * mask|."""
     gen = torch.Generator().manual_seed(0)
-    n = 4099  # whole vectors and a tail at every width
-    residual = torch.randn(n, generator=gen).to(residual_dtype).requires_grad_()
-    x = torch.randn(n, generator=gen).to(x_dtype).requires_grad_()
-    grad = torch.randn(n, generator=gen)
+    shape = (37, 111) if biased else (4099,)  # whole vectors and a tail at every width
+    residual = torch.randn(shape, generator=gen).to(residual_dtype).requires_grad_()
+    x = torch.randn(shape, generator=gen).to(x_dtype).requires_grad_()
+    bias = torch.randn(shape[-1], generator=gen).requires_grad_() if biased else None
+    grad = torch.randn(shape, generator=gen)
     results, kept = [], []
     for add in (
-        lambda r, v: masked_dropout_add(r, v, 0.3, compiled_keep_mask(relu_kernel)),
-        lambda r, v: compiled_dropout_add(relu_kernel)(r, v, 0.3),
+        lambda r, v: masked_dropout_add(r, v, 0.3, compiled_keep_mask(relu_kernel), bias),
+        lambda r, v: compiled_dropout_add(relu_kernel)(r, v, 0.3, bias),
     ):
         torch.manual_seed(7)
         out = add(residual, x)
         assert out.grad_fn is not None
         kept.append(len(out.grad_fn.saved_tensors))  # type: ignore[attr-defined]
         out.backward(grad.to(out.dtype))
-        results.append((out.detach(), residual.grad, x.grad))
+        results.append((out.detach(), residual.grad, x.grad, None if bias is None else bias.grad))
         residual.grad = x.grad = None
-    (want, *want_grads), (got, *got_grads) = results
+        if bias is not None:
+            bias.grad = None
+    (want, *want_grads, want_bias), (got, *got_grads, got_bias) = results
     assert got.dtype == want.dtype
     assert kept == [1, 0]  # the stored mask; nothing
     for a, e in zip(got_grads, want_grads, strict=True):
         assert torch.equal(a, e)
-    if got.dtype == torch.float32 and x_dtype == torch.float32:
-        product = x.detach().abs() / (1 - 0.3)
+    biased_x = x.detach().float() + (0 if bias is None else bias.detach())
+    if got.dtype == torch.float32 and (biased or x_dtype == torch.float32) and (
+        residual_dtype == torch.float32
+    ):
+        product = biased_x.abs() / (1 - 0.3)
         bound = 2.0**-23 * (product + want.abs())
         assert bool(((got - want).abs() <= bound).all())
     else:
         assert torch.equal(got, want)
+    if bias is not None:
+        assert got_bias is not None and want_bias is not None and got_bias.dtype == torch.float32
+        terms = (grad / (1 - 0.3)).abs().sum(0)  # at most |grad * mask| summed
+        bound = 2 * (shape[0] - 1) * 2.0**-24 * terms
+        assert bool(((got_bias - want_bias).abs() <= bound).all())
 
 
 @pytest.mark.parametrize("level", ["native", "avx2"])
@@ -732,17 +746,38 @@ def test_the_fused_dropout_adds_vector_loops_are_the_plain_loops_bit_for_bit(
     for n, p in ((1, 0.1), (37, 0.5), (5000, 0.1), (1031, 0.99999)):
         residual = torch.randn(n, generator=gen).to(residual_dtype)
         x = torch.randn(n, generator=gen).to(x_dtype)
-        outs = [k.dropout_add(residual, x, p, 2**40 + n) for k in (plain, vector)]
+        outs = [k.dropout_add(residual, x, p, 2**40 + n, None) for k in (plain, vector)]
         assert torch.equal(outs[0], outs[1]), (n, p)
         grads = [k.dropout_grad(outs[0], p, 2**40 + n, x_dtype) for k in (plain, vector)]
         assert torch.equal(grads[0], grads[1]), (n, p)
+        # With a bias over rows of 1, 7, 8 and 40 (runs across tiles and vectors).
+        for columns in (c for c in (1, 7, 8, 40) if n % c == 0):
+            bias = torch.randn(columns, generator=gen)
+            rows = [residual.view(-1, columns), x.view(-1, columns)]
+            biased = [k.dropout_add(*rows, p, 2**40 + n, bias) for k in (plain, vector)]
+            assert torch.equal(biased[0], biased[1]), (n, p, columns)
+            summed = [
+                k.dropout_grad_summed(biased[0], p, 2**40 + n, x_dtype, columns)
+                for k in (plain, vector)
+            ]
+            assert torch.equal(summed[0][0], summed[1][0]), (n, p, columns)
+            assert torch.equal(summed[0][1], summed[1][1]), (n, p, columns)
 
 
 def test_the_fused_dropout_add_does_not_depend_on_the_threads(kernel: ModuleType) -> None:
     gen = torch.Generator().manual_seed(2)
     residual, x = torch.randn(300, 1000, generator=gen), torch.randn(300, 1000, generator=gen)
-    outs = at_one_and_two_threads(lambda: kernel.dropout_add(residual, x, 0.1, 12345))
+    outs = at_one_and_two_threads(lambda: kernel.dropout_add(residual, x, 0.1, 12345, None))
     assert torch.equal(outs[0], outs[1])
+    bias = torch.randn(1000, generator=gen)
+    biased = at_one_and_two_threads(lambda: kernel.dropout_add(residual, x, 0.1, 12345, bias))
+    assert torch.equal(biased[0], biased[1])
+    grads = at_one_and_two_threads(
+        lambda: torch.cat(
+            [t.flatten() for t in kernel.dropout_grad_summed(residual, 0.1, 9, torch.float32, 1000)]
+        )
+    )
+    assert torch.equal(grads[0], grads[1])  # the bias's sums too
 
 
 def test_a_model_trains_through_the_fused_dropout_add(kernel: ModuleType) -> None:

@@ -62,40 +62,59 @@ def _mask_seed() -> int:
 
 
 class _DropoutAdd(torch.autograd.Function):
-    """residual + x * mask with the module's mask drawn as it adds, and drawn again from
-    its seed in the backward pass: the mask is never stored."""
+    """residual + (x + bias) * mask with the module's mask drawn as it adds, and drawn
+    again from its seed in the backward pass: the mask is never stored. With a bias, the
+    backward pass sums the bias's gradient as it writes x's."""
 
     @staticmethod
-    def forward(ctx: Any, residual: Tensor, x: Tensor, p: float, kernel: ModuleType) -> Tensor:
+    def forward(
+        ctx: Any, residual: Tensor, x: Tensor, bias: Tensor | None, p: float, kernel: ModuleType
+    ) -> Tensor:
         seed = _mask_seed()
-        ctx.p, ctx.seed, ctx.kernel = p, seed, kernel
+        ctx.p, ctx.seed, ctx.kernel, ctx.biased = p, seed, kernel, bias is not None
         ctx.dtypes = residual.dtype, x.dtype
-        out: Tensor = kernel.dropout_add(residual.contiguous(), x.contiguous(), p, seed)
+        out: Tensor = kernel.dropout_add(residual.contiguous(), x.contiguous(), p, seed, bias)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         residual_dtype, x_dtype = ctx.dtypes
-        grad_x = ctx.kernel.dropout_grad(grad, ctx.p, ctx.seed, x_dtype)
-        return grad.to(residual_dtype), grad_x, None, None
+        if not ctx.biased:
+            grad_x = ctx.kernel.dropout_grad(grad, ctx.p, ctx.seed, x_dtype)
+            return grad.to(residual_dtype), grad_x, None, None, None
+        columns = grad.size(-1)
+        grad_x, grad_bias = ctx.kernel.dropout_grad_summed(
+            grad, ctx.p, ctx.seed, x_dtype, columns
+        )
+        return grad.to(residual_dtype), grad_x, grad_bias, None, None
 
 
 def compiled_dropout_add(kernel: ModuleType) -> DropoutAdd:
     """The module's residual add with its mask drawn in place, for float32 and bfloat16
-    CPU tensors of one shape; the module's stored mask for anything else. The mask is the
-    one `compiled_keep_mask` draws from the same generator state, bit for bit."""
+    CPU tensors of one shape and a float32 bias or none; the module's stored mask for
+    anything else. The mask is the one `compiled_keep_mask` draws from the same generator
+    state, bit for bit."""
     stored = compiled_keep_mask(kernel)
 
-    def add(residual: Tensor, x: Tensor, p: float) -> Tensor:
+    def add(residual: Tensor, x: Tensor, p: float, bias: Tensor | None) -> Tensor:
         fits = (
             residual.device.type == x.device.type == "cpu"
             and residual.dtype in (torch.float32, torch.bfloat16)
             and x.dtype in (torch.float32, torch.bfloat16)
             and residual.shape == x.shape
+            and (
+                bias is None
+                or (
+                    bias.device.type == "cpu"
+                    and bias.dtype == torch.float32
+                    and bias.shape == x.shape[-1:]
+                    and bias.is_contiguous()
+                )
+            )
         )
         if not fits:
-            return masked_dropout_add(residual, x, p, stored)
-        out: Tensor = _DropoutAdd.apply(residual, x, p, kernel)
+            return masked_dropout_add(residual, x, p, stored, bias)
+        out: Tensor = _DropoutAdd.apply(residual, x, bias, p, kernel)
         return out
 
     return add

@@ -480,6 +480,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scaled_keep_mask", &nmt::scaled_keep_mask);
   m.def("dropout_add", &nmt::dropout_add);
   m.def("dropout_grad", &nmt::dropout_grad);
+  m.def("dropout_grad_summed", &nmt::dropout_grad_summed);
   m.def("smoothed_loss_sweep", &nmt::smoothed_loss_sweep);
   m.def("attention_train_forward", &nmt::attention_train_forward);
   m.def("attention_train_backward", &nmt::attention_train_backward);

@@ -28,3 +28,25 @@ void scale(const G* g, const float* m, X* out, int64_t n) {
     V::store(out + i, V::mul(V::load(g + i, k), V::load(m + i, k)), k);
   }
 }
+
+// out = residual + (x + b) * m in float32 (b a float32 bias), each step rounded.
+template <typename R, typename X, typename O>
+void add_biased(const R* r, const X* x, const float* b, const float* m, O* out, int64_t n) {
+  for (int64_t i = 0; i < n; i += V::kWidth) {
+    const auto k = V::first(n - i);
+    const auto biased = V::add(V::load(x + i, k), V::load(b + i, k));
+    const auto product = V::rounded(V::mul(biased, V::load(m + i, k)));
+    V::store(out + i, V::add(V::load(r + i, k), product), k);
+  }
+}
+
+// out = g * m, rounded to out's dtype; the float32 products added to `sums`.
+template <typename G, typename X>
+void scale_summed(const G* g, const float* m, X* out, float* sums, int64_t n) {
+  for (int64_t i = 0; i < n; i += V::kWidth) {
+    const auto k = V::first(n - i);
+    const auto product = V::rounded(V::mul(V::load(g + i, k), V::load(m + i, k)));
+    V::store(out + i, product, k);
+    V::store(sums + i, V::add(V::load(sums + i, k), product), k);
+  }
+}

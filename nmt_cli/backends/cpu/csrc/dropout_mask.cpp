@@ -32,6 +32,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -219,6 +221,27 @@ void scale_plain(const G* g, const float* m, X* out, int64_t n) {
   }
 }
 
+// out = residual + (x + b) * m, where b, a linear layer's float32 bias, makes the sum
+// float32 before the mask scales it (as PyTorch promotes `x + bias`); each step rounded.
+template <typename R, typename X, typename O>
+void add_biased_plain(const R* r, const X* x, const float* b, const float* m, O* out,
+                      int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float product = (scalar::widen(x[i]) + b[i]) * m[i];
+    scalar::narrow(scalar::widen(r[i]) + product, out + i);
+  }
+}
+
+// out = g * m, rounded to out's dtype; the float32 products added to `sums`.
+template <typename G, typename X>
+void scale_summed_plain(const G* g, const float* m, X* out, float* sums, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float product = scalar::widen(g[i]) * m[i];
+    scalar::narrow(product, out + i);
+    sums[i] += product;
+  }
+}
+
 #if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,fma")
@@ -249,22 +272,44 @@ struct KeepRule {
 
 // Words a tile of the mask holds: 1,024 elements, 4 KB of float32.
 constexpr int64_t kTileWords = 256;
+// Words of a task: 16,384 elements. Tasks, not threads, own a bias gradient's partial
+// sums, so the sums do not depend on how many threads there are.
+constexpr int64_t kChunkWords = 4096;
 
-// Every tile of n elements in turn, over the threads: `apply(first, count, tile)` with
-// the mask of elements first .. first + count - 1 in `tile`, as scaled_keep_mask would
-// store it in dtype X (its kept value rounded to X), widened to float32.
+int64_t chunks_of(int64_t n) { return ((n + 3) / 4 + kChunkWords - 1) / kChunkWords; }
+
+// Every tile of n elements in turn, over the threads: `apply(chunk, first, count, tile)`
+// with the mask of elements first .. first + count - 1 (of task `chunk`) in `tile`, as
+// scaled_keep_mask would store it in dtype X (its kept value rounded to X), widened to
+// float32.
 template <typename X, typename Apply>
 void each_tile(int64_t n, double p, uint64_t seed, const Apply& apply) {
   const KeepRule rule(p);
   const float kept = scalar::rounded_to<X>(rule.scale);
-  at::parallel_for(0, (n + 3) / 4, 4096, [&](int64_t begin, int64_t end) {
+  const int64_t words = (n + 3) / 4;
+  at::parallel_for(0, chunks_of(n), 1, [&](int64_t begin, int64_t end) {
     alignas(64) float tile[4 * kTileWords];
-    for (int64_t w = begin; w < end; w += kTileWords) {
-      const int64_t last = std::min(end, w + kTileWords);
-      fill_range(tile, 4 * w, n, w, last, seed, rule.threshold, kept, 0.0f);
-      apply(4 * w, std::min(n, 4 * last) - 4 * w, tile);
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      const int64_t stop = std::min(words, (chunk + 1) * kChunkWords);
+      for (int64_t w = chunk * kChunkWords; w < stop; w += kTileWords) {
+        const int64_t last = std::min(stop, w + kTileWords);
+        fill_range(tile, 4 * w, n, w, last, seed, rule.threshold, kept, 0.0f);
+        apply(chunk, 4 * w, std::min(n, 4 * last) - 4 * w, tile);
+      }
     }
   });
+}
+
+// `f(offset, count, column)` for each run of elements first + offset ... that lies within
+// one row of `columns` elements, `column` its first's column.
+template <typename F>
+void each_row_run(int64_t first, int64_t n, int64_t columns, const F& f) {
+  for (int64_t i = 0; i < n;) {
+    const int64_t column = (first + i) % columns;
+    const int64_t count = std::min(n - i, columns - column);
+    f(i, count, column);
+    i += count;
+  }
 }
 
 template <typename R, typename X, typename O>
@@ -276,8 +321,26 @@ void dropout_add_typed(const R* r, const X* x, O* out, int64_t n, double p, uint
                          &dropout_avx2::add_scaled<R, X, O>);
   }
 #endif
-  each_tile<X>(n, p, seed, [&](int64_t first, int64_t count, const float* tile) {
+  each_tile<X>(n, p, seed, [&](int64_t, int64_t first, int64_t count, const float* tile) {
     add(r + first, x + first, tile, out + first, count);
+  });
+}
+
+// With a bias of `columns` (x's rows' width): x + b is float32, so the mask is too.
+template <typename R, typename X, typename O>
+void dropout_add_biased_typed(const R* r, const X* x, const float* b, int64_t columns, O* out,
+                              int64_t n, double p, uint64_t seed) {
+  auto add = &add_biased_plain<R, X, O>;
+#if defined(__x86_64__)
+  if (dropout_mask_vectorized()) {
+    add = simd::by_level(&dropout_avx512::add_biased<R, X, O>,
+                         &dropout_avx2::add_biased<R, X, O>);
+  }
+#endif
+  each_tile<float>(n, p, seed, [&](int64_t, int64_t first, int64_t count, const float* tile) {
+    each_row_run(first, count, columns, [&](int64_t i, int64_t run, int64_t column) {
+      add(r + first + i, x + first + i, b + column, tile + i, out + first + i, run);
+    });
   });
 }
 
@@ -289,8 +352,28 @@ void dropout_grad_typed(const G* g, X* out, int64_t n, double p, uint64_t seed) 
     scale = simd::by_level(&dropout_avx512::scale<G, X>, &dropout_avx2::scale<G, X>);
   }
 #endif
-  each_tile<X>(n, p, seed, [&](int64_t first, int64_t count, const float* tile) {
+  each_tile<X>(n, p, seed, [&](int64_t, int64_t first, int64_t count, const float* tile) {
     scale(g + first, tile, out + first, count);
+  });
+}
+
+// The biased add's gradient: the float32 mask's, and each task's column sums of the
+// float32 products in `partial` (chunks x columns, zeros), for the bias.
+template <typename G, typename X>
+void dropout_grad_summed_typed(const G* g, X* out, float* partial, int64_t columns, int64_t n,
+                               double p, uint64_t seed) {
+  auto scale = &scale_summed_plain<G, X>;
+#if defined(__x86_64__)
+  if (dropout_mask_vectorized()) {
+    scale = simd::by_level(&dropout_avx512::scale_summed<G, X>,
+                           &dropout_avx2::scale_summed<G, X>);
+  }
+#endif
+  each_tile<float>(n, p, seed, [&](int64_t chunk, int64_t first, int64_t count, const float* tile) {
+    float* sums = partial + chunk * columns;
+    each_row_run(first, count, columns, [&](int64_t i, int64_t run, int64_t column) {
+      scale(g + first + i, tile + i, out + first + i, sums + column, run);
+    });
   });
 }
 
@@ -347,19 +430,35 @@ at::Tensor scaled_keep_mask(const at::Tensor& like, double p, int64_t seed) {
 }
 
 at::Tensor dropout_add(const at::Tensor& residual, const at::Tensor& x, double p,
-                       int64_t seed) {
+                       int64_t seed, const std::optional<at::Tensor>& bias) {
   RECORD_FUNCTION("nmt::dropout_add", std::vector<c10::IValue>());
   check_dropout_operand(residual, "the residual");
   check_dropout_operand(x, "the sublayer's output");
   check_p(p);
   TORCH_CHECK(residual.sizes() == x.sizes(), "dropout_add: the residual is ", residual.sizes(),
               ", the sublayer's output ", x.sizes());
-  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::promote_types(
-                                            residual.scalar_type(), x.scalar_type())));
   const auto u = static_cast<uint64_t>(seed);
+  if (!bias.has_value()) {
+    at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::promote_types(
+                                              residual.scalar_type(), x.scalar_type())));
+    as_stored(residual, [&](auto* r) {
+      as_stored(x, [&](auto* v) {
+        as_stored(out, [&](auto* o) { dropout_add_typed(r, v, o, x.numel(), p, u); });
+      });
+    });
+    return out;
+  }
+  const int64_t columns = x.dim() == 0 ? 1 : x.size(-1);
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                  bias->dim() == 1 && bias->size(0) == columns && columns > 0,
+              "dropout_add: the bias must be float32 of the rows' width ", columns, ", got ",
+              bias->scalar_type(), " ", bias->sizes());
+  const float* b = bias->const_data_ptr<float>();
+  at::Tensor out = at::empty(
+      x.sizes(), x.options().dtype(at::promote_types(residual.scalar_type(), at::kFloat)));
   as_stored(residual, [&](auto* r) {
     as_stored(x, [&](auto* v) {
-      as_stored(out, [&](auto* o) { dropout_add_typed(r, v, o, x.numel(), p, u); });
+      dropout_add_biased_typed(r, v, b, columns, out.data_ptr<float>(), x.numel(), p, u);
     });
   });
   return out;
@@ -379,6 +478,36 @@ at::Tensor dropout_grad(const at::Tensor& grad, double p, int64_t seed, at::Scal
     });
   });
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> dropout_grad_summed(const at::Tensor& grad, double p,
+                                                       int64_t seed, at::ScalarType dtype,
+                                                       int64_t columns) {
+  RECORD_FUNCTION("nmt::dropout_grad", std::vector<c10::IValue>());
+  const at::Tensor g = grad.contiguous();
+  check_dropout_operand(g, "the gradient");
+  check_p(p);
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
+              "dropout_grad: float32 or bfloat16 is needed, got ", dtype);
+  TORCH_CHECK(columns > 0 && g.numel() % columns == 0, "dropout_grad: ", g.numel(),
+              " elements are not rows of ", columns);
+  at::Tensor out = at::empty(g.sizes(), g.options().dtype(dtype));
+  const int64_t chunks = chunks_of(g.numel());
+  std::vector<float> partial(static_cast<size_t>(chunks * columns), 0.0f);
+  as_stored(g, [&](auto* in) {
+    as_stored(out, [&](auto* o) {
+      dropout_grad_summed_typed(in, o, partial.data(), columns, g.numel(), p,
+                                static_cast<uint64_t>(seed));
+    });
+  });
+  // The tasks' sums in their order: the same whatever the threads.
+  at::Tensor sums = at::zeros({columns}, g.options().dtype(at::kFloat));
+  float* total = sums.data_ptr<float>();
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const float* part = partial.data() + chunk * columns;
+    for (int64_t j = 0; j < columns; ++j) total[j] += part[j];
+  }
+  return {out, sums};
 }
 
 }  // namespace nmt
