@@ -718,8 +718,10 @@ def test_the_fused_dropout_add_draws_the_stored_masks_and_keeps_none(
     for a, e in zip(got_grads, want_grads, strict=True):
         assert torch.equal(a, e)
     biased_x = x.detach().float() + (0 if bias is None else bias.detach())
-    if got.dtype == torch.float32 and (biased or x_dtype == torch.float32) and (
-        residual_dtype == torch.float32
+    if (
+        got.dtype == torch.float32
+        and (biased or x_dtype == torch.float32)
+        and (residual_dtype == torch.float32)
     ):
         product = biased_x.abs() / (1 - 0.3)
         bound = 2.0**-23 * (product + want.abs())

@@ -83,9 +83,7 @@ class _DropoutAdd(torch.autograd.Function):
             grad_x = ctx.kernel.dropout_grad(grad, ctx.p, ctx.seed, x_dtype)
             return grad.to(residual_dtype), grad_x, None, None, None
         columns = grad.size(-1)
-        grad_x, grad_bias = ctx.kernel.dropout_grad_summed(
-            grad, ctx.p, ctx.seed, x_dtype, columns
-        )
+        grad_x, grad_bias = ctx.kernel.dropout_grad_summed(grad, ctx.p, ctx.seed, x_dtype, columns)
         return grad.to(residual_dtype), grad_x, grad_bias, None, None
 
 
