@@ -73,6 +73,46 @@ def attention_with_weights(
     return ctx.view(b, h, length, -1), weights.view(b, h, length, keys)
 
 
+class BiasedAttention(Protocol):
+    """Attention on projections whose biases it adds itself: `Attention` of
+    (q + b_q, k + b_k, v + b_v), with `bias` the three biases end to end (h d_k, h d_k,
+    h d_v: a fused projection's, or the query's and the key-value projection's joined),
+    and q, k and v the heads of the projections' products without them. A backend that
+    adds them as it reads q, k and v saves the pass that adds them to the products'
+    outputs (and sums their gradients as it writes q's, k's and v's)."""
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor: ...
+
+
+def add_head_biases(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v (B, h, n, d) plus their parts of `bias` (BiasedAttention's), per head."""
+    h, d_k, d_v = q.size(1), q.size(-1), v.size(-1)
+    b_q, b_k, b_v = bias.split([h * d_k, h * d_k, h * d_v])
+    return q + b_q.view(h, 1, d_k), k + b_k.view(h, 1, d_k), v + b_v.view(h, 1, d_v)
+
+
+def biased_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The reference `BiasedAttention`: the biases added, then the reference."""
+    return attention(*add_head_biases(q, k, v, bias), mask, causal, dropout_p)
+
+
 def attention(
     q: Tensor,
     k: Tensor,

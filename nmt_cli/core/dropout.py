@@ -146,9 +146,8 @@ class Dropout(nn.Dropout):
         the product's output is then written once, not first filled with the bias, and
         the bias's gradient is summed as the add's gradient is written, not in a pass of
         its own."""
-        bias = layer.bias if isinstance(layer, nn.Linear) else None
         fused = self.training and self.p > 0.0 and self.fused_add is not None
-        if fused and bias is not None and self._fast(x):
+        if fused and isinstance(layer, nn.Linear) and layer.bias is not None and self._fast(x):
             assert self.fused_add is not None
-            return self.fused_add(residual, F.linear(x, layer.weight), self.p, bias)
+            return self.fused_add(residual, F.linear(x, layer.weight), self.p, layer.bias)
         return self.add(residual, linear(layer, x))

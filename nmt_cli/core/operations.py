@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from nmt_cli.core.attention import Attention, attention, fused_attention
+from nmt_cli.core.attention import Attention, BiasedAttention, attention, fused_attention
 from nmt_cli.core.dropout import DropoutAdd, KeepMask, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
 from nmt_cli.core.step_linear import DenseReLU, LinearLayer, dense_relu
@@ -34,6 +34,9 @@ class Operations:
 
     # Attention over whole sequences: training, encoding, the first decoding step.
     attention: Attention = attention
+    # Attention that adds the q, k and v projections' biases itself (core/attention.py);
+    # None: the projections add theirs, and `attention` attends.
+    biased_attention: BiasedAttention | None = None
     # Attention over the blocks of a restricted window: PyTorch's fused kernel, whose
     # tiles keep the blocks' memory linear in the length (core/local_attention.py).
     blocks: Attention = fused_attention

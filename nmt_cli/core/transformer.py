@@ -73,6 +73,18 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv(memory).split([self.h * self.d_k, self.h * self.d_v], dim=-1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
+    def _deferred_bias(self) -> Tensor | None:
+        """The q, k and v projections' biases end to end where the plan's
+        `biased_attention` adds them (each projection an `nn.Linear` with a bias), else
+        None: the projections add their own."""
+        layers = [self.qkv] if self.self_attention else [self.q, self.kv]
+        biases: list[Tensor] = [
+            m.bias for m in layers if isinstance(m, nn.Linear) and m.bias is not None
+        ]
+        if self.ops.biased_attention is None or len(biases) < len(layers):
+            return None
+        return biases[0] if len(biases) == 1 else torch.cat(biases)
+
     def forward(
         self,
         x: Tensor,
@@ -96,21 +108,30 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """`forward` before the output projection (which a layer may fuse into its
         residual add): the heads' contexts merged, (B, L, h * d_v)."""
+        length = x.size(1)
+        banded = 0 < self.window < length
+        bias = None if need_weights or banded else self._deferred_bias()
+
+        def project(layer: nn.Module, x: Tensor) -> Tensor:  # without its bias if deferred
+            return layer(x) if bias is None else F.linear(x, cast(nn.Linear, layer).weight)
+
+        qk, vd = self.h * self.d_k, self.h * self.d_v
         if self.self_attention:
-            q, k, v = self.qkv(x).split([self.h * self.d_k] * 2 + [self.h * self.d_v], dim=-1)
-            q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+            q, k, v = project(self.qkv, x).split([qk, qk, vd], dim=-1)
         else:
             assert memory is not None, "cross-attention needs the encoder output"
-            q = self._heads(self.q(x), self.d_k)
-            k, v = self.project_kv(memory)
+            q, (k, v) = project(self.q, x), project(self.kv, memory).split([qk, vd], dim=-1)
+        q, k, v = self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
         dropout_p = self.dropout_p if self.training else 0.0
         weights: Tensor | None = None
-        length = q.size(2)
-        if need_weights:  # the reference, which alone gives the weights
-            if 0 < self.window < length:
+        if bias is not None:
+            assert self.ops.biased_attention is not None
+            ctx = self.ops.biased_attention(q, k, v, bias, key_mask, causal, dropout_p)
+        elif need_weights:  # the reference, which alone gives the weights
+            if banded:
                 key_mask, causal = band_mask(length, self.window, causal, key_mask, q.device), False
             ctx, weights = attention_with_weights(q, k, v, key_mask, causal, dropout_p)
-        elif 0 < self.window < length:
+        elif banded:
             ctx = banded_attention(q, k, v, self.window, causal, key_mask, dropout_p, self.ops)
         else:
             ctx = self.ops.attention(q, k, v, key_mask, causal, dropout_p)

@@ -80,6 +80,7 @@ def test_train_resume_and_refuse_a_changed_model(setup: tuple[Path, Path]) -> No
     plan = [line for line in again.output.splitlines() if line.startswith("plan: ")]
     assert [line.split(":")[1].strip() for line in plan] == [
         "attention",
+        "biased_attention",
         "blocks",
         "keep_mask",
         "dropout_add",

@@ -382,6 +382,8 @@ def test_training_on_a_cpu_takes_its_kernels_from_the_compiled_module(
     plan = [e.text for e in notices if e.text.startswith("plan: ")]
     assert plan == [
         "plan: attention: the module's kernel (padding masks; the reference for others)",
+        "plan: biased_attention: the module's kernel, adding the projections' biases as it "
+        "reads q, k and v",
         "plan: blocks: PyTorch's fused kernels",
         "plan: keep_mask: the module's counter-based generator",
         "plan: dropout_add: the module's, its mask drawn as it adds and again backward, never "

@@ -7,6 +7,7 @@ the compiled passes around PyTorch's product)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from types import ModuleType
@@ -17,6 +18,7 @@ import torch
 from nmt_cli.backends.cpu import training as cpu_kernels_module
 from nmt_cli.backends.cpu.training import (
     compiled_attention,
+    compiled_biased_attention,
     compiled_dense_relu,
     compiled_dropout_add,
     compiled_keep_mask,
@@ -25,7 +27,7 @@ from nmt_cli.backends.cpu.training import (
 )
 from nmt_cli.backends.machine import machine_plan
 from nmt_cli.backends.plan import Target
-from nmt_cli.core.attention import Attention
+from nmt_cli.core.attention import Attention, biased_attention
 from nmt_cli.core.attention import attention as written_out_attention
 from nmt_cli.core.dropout import Dropout, KeepMask, masked_dropout_add, scaled_keep_mask
 from nmt_cli.core.losses import LossSweep, label_smoothed_sums, smoothed_loss_sweep
@@ -393,6 +395,36 @@ def test_attention_and_its_gradients_match_float64(
         assert (got.double() - expected).abs().max().item() <= 1e-5 * scale
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("causal", "masked"), [(True, False), (False, True)])
+def test_biased_attention_adds_the_biases_and_sums_their_gradient(
+    relu_kernel: ModuleType, dtype: torch.dtype, causal: bool, masked: bool
+) -> None:
+    """The compiled BiasedAttention (at this CPU's level, AVX2's and the plain loops)
+    against the reference's sums in float64 on the same operands: attention of q + b_q,
+    k + b_k and v + b_v, and the gradients of q, k, v and the biases. float32 results to
+    1e-5 of the largest value; bf16 ones (rounded once, to 2^-8 relative) to 2^-7 of it.
+    The bias's gradient is summed in float32 before anything is rounded to bf16."""
+    b, h, length, keys, d = 3, 2, 9, 9 if causal else 13, 16
+    q, k, v, mask = attention_inputs(b, h, length, keys, d, dtype, seed=3)
+    mask = mask if masked else None
+    bias = torch.randn(3 * h * d, generator=torch.Generator().manual_seed(4))
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v, bias)]
+    want = biased_attention(*leaves64[:3], leaves64[3], mask, causal)
+    (want * out_weights(want)).sum().backward()
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
+    got = compiled_biased_attention(relu_kernel)(*leaves[:3], leaves[3], mask, causal)
+    assert got.dtype == dtype
+    (got.double() * out_weights(got)).sum().backward()
+    tolerance = 1e-5 if dtype == torch.float32 else 2.0**-7
+    pairs = [(got, want)] + [(a.grad, e.grad) for a, e in zip(leaves, leaves64, strict=True)]
+    for a, e in pairs:
+        assert a is not None and e is not None
+        scale = e.abs().max().item()
+        assert (a.double() - e.detach()).abs().max().item() <= tolerance * scale
+    assert leaves[3].grad is not None and leaves[3].grad.dtype == torch.float32
+
+
 def test_compiled_bf16_attention_is_nearer_float64_than_the_reference(kernel: ModuleType) -> None:
     """In bf16 the reference rounds its scores and weights to bf16; the compiled kernel
     keeps them in float32 and rounds only its outputs."""
@@ -423,17 +455,20 @@ def test_the_plain_loops_compute_what_the_vector_ones_do(
     q, k, v, mask = attention_inputs(3, 2, 11, 11, 24, torch.float32)
     keys = mask.reshape(3, 11)
     scale = 1 / math.sqrt(24)
-    for causal in (False, True):
-        vector = kernel.attention_train_forward(q, k, v, keys, causal, scale, True, True)
-        plain = kernel.attention_train_forward(q, k, v, keys, causal, scale, True, False)
+    biases = torch.randn(3, 2, 24)
+    for causal, bias in itertools.product((False, True), (None, biases)):
+        vector = kernel.attention_train_forward(q, k, v, keys, causal, scale, True, True, bias)
+        plain = kernel.attention_train_forward(q, k, v, keys, causal, scale, True, False, bias)
         torch.testing.assert_close(plain[0], vector[0], rtol=1e-5, atol=1e-6)
         grad = torch.randn(q.shape)
         back = [
-            kernel.attention_train_backward(grad, q, k, v, vector[1], scale, causal, simd)
+            kernel.attention_train_backward(grad, q, k, v, vector[1], scale, causal, simd, bias)
             for simd in (True, False)
         ]
+        assert (back[0][3] is None) == (back[1][3] is None) == (bias is None)
         for a, b in zip(*back, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_compiled_attention_merges_heads_for_free_and_is_thread_independent(
@@ -508,6 +543,32 @@ def test_a_model_trains_through_the_compiled_attention(kernel: ModuleType) -> No
     assert_same_training(
         Operations(attention=written_out_attention), Operations(attention=compiled)
     )
+
+
+def test_a_model_trains_through_the_biased_attention_and_the_fused_add(
+    kernel: ModuleType,
+) -> None:
+    """With the biased attention, the fused add and the feed-forward's layer planned, no
+    linear layer's product adds its bias (PyTorch's addmm): each bias is added by what
+    reads the product. A training step's gradients (the biases' included) agree with the
+    reference's."""
+    keep = compiled_keep_mask(kernel)
+    planned = Operations(
+        dense_relu=compiled_dense_relu(kernel),
+        attention=compiled_attention(kernel),
+        biased_attention=compiled_biased_attention(kernel),
+        keep_mask=keep,
+        dropout_add=compiled_dropout_add(kernel),
+    )
+    assert_same_training(Operations(keep_mask=keep), planned, dropout=0.3)
+    cfg = ModelConfig(d_model=32, n_heads=4, src_vocab_size=30, tgt_vocab_size=30, dropout=0.1)
+    src, tgt = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[1, 5, 6, 7]])
+    for operations, products_with_bias in ((Operations(keep_mask=keep), True), (planned, False)):
+        model = Transformer(cfg, operations).train()
+        with torch.profiler.profile() as prof:
+            model(src, tgt).float().sum().backward()
+        names = [e.key for e in prof.key_averages()]
+        assert ("aten::addmm" in names) == products_with_bias
 
 
 def test_compiled_attention_hands_the_projections_their_gradients_whole(

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from nmt_cli.backends.cpu.build import CompileError, is_built, prepare_kernel
 from nmt_cli.backends.plan import Implementation, Target
-from nmt_cli.core.attention import Attention, attention
+from nmt_cli.core.attention import Attention, BiasedAttention, attention, biased_attention
 from nmt_cli.core.dropout import DropoutAdd, KeepMask, masked_dropout_add
 from nmt_cli.core.losses import LossSweep, smoothed_loss_sweep
 from nmt_cli.core.step_linear import DenseReLU, dense_relu
@@ -193,7 +193,9 @@ class _CompiledAttention(torch.autograd.Function):
     """The module's attention forward and backward on the projections' outputs that q, k
     and v are heads of (`_Heads`): backward writes each output's gradient whole, where
     three separate gradients would be concatenated by autograd's split. The forward pass
-    keeps the float32 weights for the backward pass, as the reference keeps its softmax."""
+    keeps the float32 weights for the backward pass, as the reference keeps its softmax.
+    With `bias` (BiasedAttention's, float32), the kernel adds each head's part as it reads
+    q, k and v, and sums its gradient as it writes theirs."""
 
     @staticmethod
     def forward(
@@ -202,15 +204,20 @@ class _CompiledAttention(torch.autograd.Function):
         key_mask: Tensor | None,
         causal: bool,
         kernel: ModuleType,
+        bias: Tensor | None,
         *sources: Tensor,
     ) -> Tensor:
         q, k, v = layout.split(sources)
         scale = 1.0 / math.sqrt(q.size(-1))
         want = any(ctx.needs_input_grad[4:])
-        out, probs = kernel.attention_train_forward(q, k, v, key_mask, causal, scale, want, True)
+        heads = None if bias is None else bias.detach().view(3, q.size(1), q.size(-1))
+        out, probs = kernel.attention_train_forward(
+            q, k, v, key_mask, causal, scale, want, True, heads
+        )
         if want:
             ctx.save_for_backward(*sources, probs)
             ctx.layout, ctx.scale, ctx.causal, ctx.kernel = layout, scale, causal, kernel
+            ctx.heads = heads
         result: Tensor = out
         return result
 
@@ -220,16 +227,49 @@ class _CompiledAttention(torch.autograd.Function):
         grads = tuple(torch.empty_like(s) for s in sources)
         q, k, v = ctx.layout.split(tuple(sources))
         dq, dk, dv = ctx.layout.split(grads)
-        ctx.kernel.attention_train_backward_into(
-            grad_out, q, k, v, probs, ctx.scale, ctx.causal, True, dq, dk, dv
+        bias_grad = ctx.kernel.attention_train_backward_into(
+            grad_out, q, k, v, probs, ctx.scale, ctx.causal, True, dq, dk, dv, ctx.heads
         )
-        return (None, None, None, None, *grads)
+        if bias_grad is not None:
+            bias_grad = bias_grad.view(-1)
+        return (None, None, None, None, bias_grad, *grads)
+
+
+def _attention_fits(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> bool:
+    """Whether the module's attention takes these heads: float32 or bfloat16 CPU heads of
+    one width, a padding mask (one flag per key) or none, no attention dropout, eager."""
+    b, s = k.size(0), k.size(2)
+    return (
+        dropout_p == 0.0
+        and not torch.compiler.is_compiling()
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and q.dtype == k.dtype == v.dtype
+        and q.size(-1) == v.size(-1)
+        and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        and (mask is None or (mask.dtype == torch.bool and mask.shape == (b, 1, 1, s)))
+    )
+
+
+def _compiled_attend(
+    kernel: ModuleType,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    mask: Tensor | None,
+    causal: bool,
+) -> Tensor:
+    b, s = k.size(0), k.size(2)
+    keys = None if mask is None else mask.reshape(b, s)
+    layout, sources = _heads_layout(q, k, v)
+    out: Tensor = _CompiledAttention.apply(layout, keys, causal, kernel, bias, *sources)
+    return out
 
 
 def compiled_attention(kernel: ModuleType) -> Attention:
-    """The module's attention for float32 and bfloat16 CPU heads with a padding mask (one
-    flag per key) or none, without attention dropout, in eager mode; the reference for
-    anything else (a band mask, dropout, a graph being compiled, which traces it)."""
+    """The module's attention where `_attention_fits`; the reference for anything else (a
+    band mask, dropout, a graph being compiled, which traces it)."""
 
     def attend(
         q: Tensor,
@@ -239,23 +279,29 @@ def compiled_attention(kernel: ModuleType) -> Attention:
         causal: bool = False,
         dropout_p: float = 0.0,
     ) -> Tensor:
-        b, s = k.size(0), k.size(2)
-        fits = (
-            dropout_p == 0.0
-            and not torch.compiler.is_compiling()
-            and q.device.type == "cpu"
-            and q.dtype in (torch.float32, torch.bfloat16)
-            and q.dtype == k.dtype == v.dtype
-            and q.size(-1) == v.size(-1)
-            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-            and (mask is None or (mask.dtype == torch.bool and mask.shape == (b, 1, 1, s)))
-        )
-        if not fits:
+        if not _attention_fits(q, k, v, mask, dropout_p):
             return attention(q, k, v, mask, causal, dropout_p)
-        keys = None if mask is None else mask.reshape(b, s)
-        layout, sources = _heads_layout(q, k, v)
-        out: Tensor = _CompiledAttention.apply(layout, keys, causal, kernel, *sources)
-        return out
+        return _compiled_attend(kernel, q, k, v, None, mask, causal)
+
+    return attend
+
+
+def compiled_biased_attention(kernel: ModuleType) -> BiasedAttention:
+    """The module's attention adding the projections' float32 biases itself where
+    `_attention_fits`; the reference for anything else."""
+
+    def attend(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        if not (_attention_fits(q, k, v, mask, dropout_p) and bias.dtype == torch.float32):
+            return biased_attention(q, k, v, bias, mask, causal, dropout_p)
+        return _compiled_attend(kernel, q, k, v, bias, mask, causal)
 
     return attend
 
@@ -346,6 +392,14 @@ def implementations() -> list[Implementation]:
             "the module's kernel (padding masks; the reference for others)",
             refuses,
             lambda target: compiled_attention(kernel(target)),
+            "cpu",
+            training=True,
+        ),
+        Implementation(
+            "biased_attention",
+            "the module's kernel, adding the projections' biases as it reads q, k and v",
+            refuses,
+            lambda target: compiled_biased_attention(kernel(target)),
             "cpu",
             training=True,
         ),

@@ -265,28 +265,41 @@ auto backward_kernel(bool vector) {
 
 template <typename T>
 void forward_all(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                 const bool* key_ok, bool causal, float scale, at::Tensor& out, float* probs,
-                 bool simd) {
+                 const float* bias, const bool* key_ok, bool causal, float scale,
+                 at::Tensor& out, float* probs, bool simd) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), d = q.size(3);
   const auto kernel = forward_kernel<T>(simd);
   each_sentence<T>({&q, &k, &v}, B, H, L, S, d, false, [&](int64_t b, Scratch& w) {
-    kernel(heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b),
+    kernel(heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b), bias,
            key_ok == nullptr ? nullptr : key_ok + b * S, causal, H, L, S, d, scale,
            heads_of<T>(out, b), probs == nullptr ? nullptr : probs + b * H * L * w.sp, w);
   });
 }
 
+// `partial`: each sentence's sums of the biases' gradients (B x 3 x H x d, zeros), or null.
 template <typename T>
 void backward_all(const at::Tensor& g, const at::Tensor& q, const at::Tensor& k,
-                  const at::Tensor& v, const float* probs, float scale, bool causal,
-                  at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool simd) {
+                  const at::Tensor& v, const float* bias, const float* probs, float scale,
+                  bool causal, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, float* partial,
+                  bool simd) {
   const int64_t B = q.size(0), H = q.size(1), L = q.size(2), S = k.size(2), d = q.size(3);
   const auto kernel = backward_kernel<T>(simd);
   each_sentence<T>({&g, &q, &k, &v}, B, H, L, S, d, true, [&](int64_t b, Scratch& w) {
-    kernel(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b),
+    kernel(heads_of<T>(g, b), heads_of<T>(q, b), heads_of<T>(k, b), heads_of<T>(v, b), bias,
            probs + b * H * L * w.sp, H, L, S, d, scale, causal, heads_of<T>(dq, b),
-           heads_of<T>(dk, b), heads_of<T>(dv, b), w);
+           heads_of<T>(dk, b), heads_of<T>(dv, b),
+           partial == nullptr ? nullptr : partial + b * 3 * H * d, w);
   });
+}
+
+// The biases of q, k and v: (3, h, d) float32, contiguous; null where there are none.
+const float* bias_data(const std::optional<at::Tensor>& bias, int64_t H, int64_t d) {
+  if (!bias.has_value()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                  bias->sizes() == at::IntArrayRef({3, H, d}),
+              "attention_train: the biases must be (3, ", H, ", ", d, ") float32, got ",
+              bias->scalar_type(), " ", bias->sizes());
+  return bias->const_data_ptr<float>();
 }
 
 }  // namespace
@@ -297,7 +310,7 @@ bool attention_train_vectorized() { return cpu_level_at_least(CpuLevel::kAvx2); 
 std::tuple<at::Tensor, at::Tensor> attention_train_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& key_mask, bool causal, double scale, bool want_probs,
-    bool simd) {
+    bool simd, const std::optional<at::Tensor>& bias) {
   RECORD_FUNCTION("nmt::attention_train_forward", std::vector<c10::IValue>());
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
@@ -324,18 +337,20 @@ std::tuple<at::Tensor, at::Tensor> attention_train_forward(
   float* p = want_probs ? probs.data_ptr<float>() : nullptr;
   const bool vector = use_simd(simd);
   const auto s = static_cast<float>(scale);
+  const float* b = bias_data(bias, H, d);
   if (dtype == at::kFloat) {
-    forward_all<float>(q, k, v, key_ok, causal, s, out, p, vector);
+    forward_all<float>(q, k, v, b, key_ok, causal, s, out, p, vector);
   } else {
-    forward_all<uint16_t>(q, k, v, key_ok, causal, s, out, p, vector);
+    forward_all<uint16_t>(q, k, v, b, key_ok, causal, s, out, p, vector);
   }
   return {out, probs};
 }
 
-void attention_train_backward_into(const at::Tensor& grad_out, const at::Tensor& q,
-                                   const at::Tensor& k, const at::Tensor& v,
-                                   const at::Tensor& probs, double scale, bool causal,
-                                   bool simd, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+at::Tensor attention_train_backward_into(const at::Tensor& grad_out, const at::Tensor& q,
+                                         const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& probs, double scale, bool causal,
+                                         bool simd, at::Tensor& dq, at::Tensor& dk,
+                                         at::Tensor& dv, const std::optional<at::Tensor>& bias) {
   RECORD_FUNCTION("nmt::attention_train_backward", std::vector<c10::IValue>());
   const auto dtype = q.scalar_type();
   const at::Tensor g = grad_out.stride(3) == 1 ? grad_out : grad_out.contiguous();
@@ -357,19 +372,34 @@ void attention_train_backward_into(const at::Tensor& grad_out, const at::Tensor&
   const bool vector = use_simd(simd);
   const auto s = static_cast<float>(scale);
   const float* p = probs.const_data_ptr<float>();
+  const int64_t B = q.size(0), H = q.size(1), d = q.size(3);
+  const float* b = bias_data(bias, H, d);
+  std::vector<float> partial(b == nullptr ? 0 : static_cast<size_t>(B * 3 * H * d), 0.0f);
+  float* sums = b == nullptr ? nullptr : partial.data();
   if (dtype == at::kFloat) {
-    backward_all<float>(g, q, k, v, p, s, causal, dq, dk, dv, vector);
+    backward_all<float>(g, q, k, v, b, p, s, causal, dq, dk, dv, sums, vector);
   } else {
-    backward_all<uint16_t>(g, q, k, v, p, s, causal, dq, dk, dv, vector);
+    backward_all<uint16_t>(g, q, k, v, b, p, s, causal, dq, dk, dv, sums, vector);
   }
+  if (b == nullptr) return at::Tensor();
+  // The sentences' sums in their order: the same whatever the threads.
+  at::Tensor bias_grad = at::zeros({3, H, d}, q.options().dtype(at::kFloat));
+  float* total = bias_grad.data_ptr<float>();
+  for (int64_t sentence = 0; sentence < B; ++sentence) {
+    const float* one = partial.data() + sentence * 3 * H * d;
+    for (int64_t i = 0; i < 3 * H * d; ++i) total[i] += one[i];
+  }
+  return bias_grad;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_train_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& probs, double scale, bool causal, bool simd) {
+    const at::Tensor& probs, double scale, bool causal, bool simd,
+    const std::optional<at::Tensor>& bias) {
   at::Tensor dq = merged_heads_like(q), dk = merged_heads_like(k), dv = merged_heads_like(v);
-  attention_train_backward_into(grad_out, q, k, v, probs, scale, causal, simd, dq, dk, dv);
-  return {dq, dk, dv};
+  at::Tensor bias_grad = attention_train_backward_into(grad_out, q, k, v, probs, scale, causal,
+                                                       simd, dq, dk, dv, bias);
+  return {dq, dk, dv, bias_grad};
 }
 
 }  // namespace nmt

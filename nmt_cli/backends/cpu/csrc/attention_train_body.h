@@ -6,13 +6,23 @@
 // attention_train.cpp's `Scratch`, `Rows`, `Heads`, `Strided` and `Band`.
 
 // A sentence's rows of every head, position by position (one sweep through memory) ->
-// out: row r of head h at out + h * n * ldo + r * ldo.
+// out: row r of head h at out + h * n * ldo + r * ldo, plus head h's bias (d floats at
+// bias + h * d) where there is one: the projection's, which its product left out.
 template <typename T>
 void widen_heads(Heads<const T> x, int64_t heads, int64_t n, int64_t d, float* out,
-                 int64_t ldo) {
+                 int64_t ldo, const float* bias) {
   for (int64_t r = 0; r < n; ++r) {
-    for (int64_t h = 0; h < heads; ++h) Ops::widen(x(h, r), out + (h * n + r) * ldo, d);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* row = out + (h * n + r) * ldo;
+      Ops::widen(x(h, r), row, d);
+      if (bias != nullptr) Ops::axpy(1.0f, bias + h * d, row, d);
+    }
   }
+}
+
+// sums (d floats) += each of n rows (row stride ld): a bias's gradient.
+inline void add_rows(const float* rows, int64_t n, int64_t ld, int64_t d, float* sums) {
+  for (int64_t r = 0; r < n; ++r) Ops::axpy(1.0f, rows + r * ld, sums, d);
 }
 
 template <typename T>
@@ -34,16 +44,21 @@ inline void weights(float* probs, int64_t ldp, const std::vector<int64_t>& hidde
   }
 }
 
+// The biases of q, k and v (3 x H x d, or null): part `i`'s.
+inline const float* part(const float* bias, int64_t i, int64_t H, int64_t d) {
+  return bias == nullptr ? nullptr : bias + i * H * d;
+}
+
 // One sentence, every head: the context into `out`, the weights into `probs` (heads x L x
-// sp, or null).
+// sp, or null); q, k and v plus their projections' biases (3 x H x d) where given.
 template <typename T>
-void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, const bool* key_ok,
-                      bool causal, int64_t H, int64_t L, int64_t S, int64_t d, float scale,
-                      Heads<T> out, float* probs, Scratch& w) {
+void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, const float* bias,
+                      const bool* key_ok, bool causal, int64_t H, int64_t L, int64_t S,
+                      int64_t d, float scale, Heads<T> out, float* probs, Scratch& w) {
   const int64_t dp = w.dp, sp = w.sp;
-  widen_heads(q, H, L, d, w.q.data(), dp);
-  widen_heads(k, H, S, d, w.k.data(), dp);
-  widen_heads(v, H, S, d, w.v.data(), dp);
+  widen_heads(q, H, L, d, w.q.data(), dp, part(bias, 0, H, d));
+  widen_heads(k, H, S, d, w.k.data(), dp, part(bias, 1, H, d));
+  widen_heads(v, H, S, d, w.v.data(), dp, part(bias, 2, H, d));
   w.hidden.clear();  // the keys the padding mask hides, the same for every head
   for (int64_t j = 0; key_ok != nullptr && j < S; ++j) {
     if (!key_ok[j]) w.hidden.push_back(j);
@@ -62,20 +77,22 @@ void forward_sentence(Heads<const T> q, Heads<const T> k, Heads<const T> v, cons
 }
 
 // With P the weights and G the context's gradient: dV = P^T G, dP = G V^T,
-// dS = scale P * (dP - rowsum(P * dP)), dQ = dS K, dK = dS^T Q.
+// dS = scale P * (dP - rowsum(P * dP)), dQ = dS K, dK = dS^T Q. With the biases of
+// forward, their gradients' sums over this sentence's rows (float32, before dq, dk and dv
+// are rounded to T) are added to bias_grad (3 x H x d).
 template <typename T>
 void backward_sentence(Heads<const T> g, Heads<const T> q, Heads<const T> k, Heads<const T> v,
-                       const float* probs, int64_t H, int64_t L, int64_t S, int64_t d,
-                       float scale, bool causal, Heads<T> dq, Heads<T> dk, Heads<T> dv,
-                       Scratch& w) {
+                       const float* bias, const float* probs, int64_t H, int64_t L, int64_t S,
+                       int64_t d, float scale, bool causal, Heads<T> dq, Heads<T> dk,
+                       Heads<T> dv, float* bias_grad, Scratch& w) {
   const int64_t dp = w.dp, sp = w.sp;
   // As forward: products over causal weights (or their gradient) skip the future's zeros.
   const Band band = causal ? Band{Band::kAll, S - L} : kFull;
   const Band transposed{band.above, band.below};
-  widen_heads(g, H, L, d, w.g.data(), dp);
-  widen_heads(q, H, L, d, w.q.data(), dp);
-  widen_heads(k, H, S, d, w.k.data(), dp);
-  widen_heads(v, H, S, d, w.v.data(), dp);
+  widen_heads(g, H, L, d, w.g.data(), dp, nullptr);
+  widen_heads(q, H, L, d, w.q.data(), dp, part(bias, 0, H, d));
+  widen_heads(k, H, S, d, w.k.data(), dp, part(bias, 1, H, d));
+  widen_heads(v, H, S, d, w.v.data(), dp, part(bias, 2, H, d));
   for (int64_t h = 0; h < H; ++h) {
     const float *gh = w.g.data() + h * L * dp, *qh = w.q.data() + h * L * dp;
     const float *kh = w.k.data() + h * S * dp, *vh = w.v.data() + h * S * dp;
@@ -95,5 +112,10 @@ void backward_sentence(Heads<const T> g, Heads<const T> q, Heads<const T> k, Hea
     narrow_rows(w.o.data(), dp, L, d, dq.head(h));
     narrow_rows(w.dk.data(), dp, S, d, dk.head(h));
     narrow_rows(w.dv.data(), dp, S, d, dv.head(h));
+    if (bias_grad != nullptr) {
+      add_rows(w.o.data(), L, dp, d, bias_grad + h * d);
+      add_rows(w.dk.data(), S, dp, d, bias_grad + (H + h) * d);
+      add_rows(w.dv.data(), S, dp, d, bias_grad + (2 * H + h) * d);
+    }
   }
 }
