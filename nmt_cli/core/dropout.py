@@ -17,7 +17,9 @@ one; or None, PyTorch's own dropout, for a GPU, whose fused kernel is already fa
 "dropout to the output of each sub-layer, before it is added to the sub-layer input",
 in one pass instead of two; a backend may do it in one operation of its own
 (`Operations.dropout_add`: the CPU backend's draws the mask as it adds and again in the
-backward pass, so that it is never stored).
+backward pass, so that it is never stored). `Dropout.add_linear(residual, layer, x)` is
+the same add of `layer(x)`, where such an operation also takes the linear layer's bias,
+so that the product is computed without it.
 """
 
 from __future__ import annotations

@@ -11,13 +11,17 @@ compiled `scaled_keep_mask` (csrc/dropout_mask.cpp) makes the same mask in one p
 a counter-based generator, seeded from PyTorch's default generator, so a run's masks
 still follow its seed and a resumed run repeats them bit for bit; its `dropout_add`
 draws the same masks a tile at a time as it adds, and again in the backward pass, so
-that none is stored. The reference loss sweep is a dozen operations over each 64 rows of
-logits; the compiled `smoothed_loss_sweep` (csrc/smoothed_loss.cpp) reads each row twice
-and writes its gradient once. The reference attention is a dozen operations forward and
+that none is stored, and it adds the bias of the linear layer before it (which then
+leaves it out of its product) and sums that bias's gradient backward. The reference
+loss sweep is a dozen operations over each 64 rows of logits; the compiled
+`smoothed_loss_sweep` (csrc/smoothed_loss.cpp) reads each row twice and writes its
+gradient once. The reference attention is a dozen operations forward and
 as many backward over score matrices of a few hundred elements per head; the compiled
 one (csrc/attention_train.cpp) takes a sentence at a time, all its heads' scores,
 softmax and weighted sums and their gradients over float32 rows in cache, and writes the
-context with its heads already merged. The reference feed-forward layer copies its bias
+context with its heads already merged; as `biased_attention` it also adds the q, k and v
+projections' biases as it reads them and sums their gradients. The reference
+feed-forward layer copies its bias
 into the product's output, ReLU writes a second tensor, and backward reads the gradient
 twice (the mask, the bias's sums); the compiled `dense_relu` (csrc/bias_relu.cpp) takes
 PyTorch's product without the bias and adds it with the ReLU in one pass, and backward
