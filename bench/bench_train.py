@@ -138,6 +138,7 @@ def nmt_step(
     loss_sweep = (compiled if "loss" in chosen else reference).loss_sweep
     operations = Operations(
         attention=(compiled if "attention" in chosen else reference).attention,
+        biased_attention=(compiled if "attention" in chosen else reference).biased_attention,
         keep_mask=(compiled if "masks" in chosen else reference).keep_mask,
         loss_sweep=loss_sweep,
         dense_relu=(compiled if "ffn" in chosen else reference).dense_relu,

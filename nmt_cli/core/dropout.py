@@ -144,12 +144,16 @@ class Dropout(nn.Dropout):
         return residual + F.dropout(x, self.p, True)
 
     def add_linear(self, residual: Tensor, layer: nn.Module, x: Tensor) -> Tensor:
-        """residual + dropout(layer(x)). A fused add takes an `nn.Linear`'s bias itself:
-        the product's output is then written once, not first filled with the bias, and
-        the bias's gradient is summed as the add's gradient is written, not in a pass of
-        its own."""
+        """residual + dropout(layer(x)). A fused add takes an `nn.Linear`'s bias itself
+        where the product runs in the layer's dtype: the product's output is then written
+        once, not first filled with the bias, and the bias's gradient is summed as the
+        add's gradient is written, not in a pass of its own. Under autocast (bf16
+        products) the product keeps its bias: there the fused add with the bias made the
+        update slower, not faster (BENCHMARKS.md)."""
         fused = self.training and self.p > 0.0 and self.fused_add is not None
-        if fused and isinstance(layer, nn.Linear) and layer.bias is not None and self._fast(x):
+        own_dtype = not torch.is_autocast_enabled(x.device.type)
+        fused = fused and own_dtype and self._fast(x)
+        if fused and isinstance(layer, nn.Linear) and layer.bias is not None:
             assert self.fused_add is not None
             return self.fused_add(residual, F.linear(x, layer.weight), self.p, layer.bias)
         return self.add(residual, linear(layer, x))
