@@ -464,13 +464,23 @@ at::Tensor dropout_add(const at::Tensor& residual, const at::Tensor& x, double p
   return out;
 }
 
-at::Tensor dropout_grad(const at::Tensor& grad, double p, int64_t seed, at::ScalarType dtype) {
-  RECORD_FUNCTION("nmt::dropout_grad", std::vector<c10::IValue>());
-  const at::Tensor g = grad.contiguous();
+namespace {
+
+// The gradient, contiguous, after the checks both gradients make.
+at::Tensor checked_gradient(const at::Tensor& grad, double p, at::ScalarType dtype) {
+  at::Tensor g = grad.contiguous();
   check_dropout_operand(g, "the gradient");
   check_p(p);
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
               "dropout_grad: float32 or bfloat16 is needed, got ", dtype);
+  return g;
+}
+
+}  // namespace
+
+at::Tensor dropout_grad(const at::Tensor& grad, double p, int64_t seed, at::ScalarType dtype) {
+  RECORD_FUNCTION("nmt::dropout_grad", std::vector<c10::IValue>());
+  const at::Tensor g = checked_gradient(grad, p, dtype);
   at::Tensor out = at::empty(g.sizes(), g.options().dtype(dtype));
   as_stored(g, [&](auto* in) {
     as_stored(out, [&](auto* o) {
@@ -484,11 +494,7 @@ std::tuple<at::Tensor, at::Tensor> dropout_grad_summed(const at::Tensor& grad, d
                                                        int64_t seed, at::ScalarType dtype,
                                                        int64_t columns) {
   RECORD_FUNCTION("nmt::dropout_grad", std::vector<c10::IValue>());
-  const at::Tensor g = grad.contiguous();
-  check_dropout_operand(g, "the gradient");
-  check_p(p);
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16,
-              "dropout_grad: float32 or bfloat16 is needed, got ", dtype);
+  const at::Tensor g = checked_gradient(grad, p, dtype);
   TORCH_CHECK(columns > 0 && g.numel() % columns == 0, "dropout_grad: ", g.numel(),
               " elements are not rows of ", columns);
   at::Tensor out = at::empty(g.sizes(), g.options().dtype(dtype));
