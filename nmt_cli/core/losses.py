@@ -21,8 +21,7 @@ BENCHMARKS.md, "GPU").
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -68,22 +67,39 @@ def _sweep(
     return lse, mean, e
 
 
-LossSweep = Callable[
-    [Tensor, Tensor, Tensor, float, bool], tuple[Tensor, Tensor, Tensor, "Tensor | None"]
-]
-"""(logits (N, V), targets (N), token weights (N), eps, want_grad) -> per row logsumexp,
-mean logit and target logit (fp32) and, when asked, the gradient of the weighted smoothed
-loss with respect to the logits, in their dtype. `smoothed_loss_sweep` is the reference;
-training on a CPU passes the compiled module's (backends/cpu/training.py)."""
+class LossSweep(Protocol):
+    """(logits (N, V), targets (N), token weights (N), eps, want_grad) -> per row
+    logsumexp, mean logit and target logit (fp32) and, when asked, the gradient of the
+    weighted smoothed loss with respect to the logits, in their dtype; `in_place` writes
+    that gradient over the logits (contiguous ones), for a caller that reads them no
+    more. `smoothed_loss_sweep` is the reference; training on a CPU passes the compiled
+    module's (backends/cpu/training.py)."""
+
+    def __call__(
+        self,
+        logits: Tensor,
+        target: Tensor,
+        weight: Tensor,
+        eps: float,
+        want_grad: bool,
+        in_place: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]: ...
 
 
 def smoothed_loss_sweep(
-    logits: Tensor, target: Tensor, weight: Tensor, eps: float, want_grad: bool
+    logits: Tensor,
+    target: Tensor,
+    weight: Tensor,
+    eps: float,
+    want_grad: bool,
+    in_place: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """The reference sweep: a few rows at a time, each chunk in cache while PyTorch's
-    operations pass over it."""
+    operations pass over it (in place, a chunk's gradient is written after it is read)."""
     n = logits.size(0)
-    grad = torch.empty_like(logits) if want_grad else None
+    z_ref = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()
+    in_place = in_place and logits.is_contiguous()
+    grad = (logits if in_place else torch.empty_like(logits)) if want_grad else None
     lse = torch.empty(n, dtype=torch.float32, device=logits.device)
     mean = torch.empty_like(lse)
     chunk = _chunk_rows(logits)
@@ -94,7 +110,6 @@ def smoothed_loss_sweep(
         )
         if grad is not None and e is not None:
             grad[lo:hi] = e
-    z_ref = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1).float()
     return lse, mean, z_ref, grad
 
 
@@ -122,10 +137,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         eps: float,
         sweep: LossSweep,
         grad_scale: float,
+        in_place: bool,
     ) -> tuple[Tensor, Tensor]:
         want_grad = bool(ctx.needs_input_grad[0])
         weight = mask * grad_scale if want_grad and grad_scale != 1.0 else mask
-        lse, mean, z_ref, grad = sweep(logits, target, weight, eps, want_grad)
+        lse, mean, z_ref, grad = sweep(logits, target, weight, eps, want_grad, in_place)
         loss, nll = _smoothed_sums(lse, mean, z_ref, mask, eps)
         if grad is not None:
             ctx.save_for_backward(grad)
@@ -137,12 +153,12 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         (grad,) = ctx.saved_tensors
         # The scalar said in advance (read only on the CPU: a GPU would wait for it).
         if grad_loss.device.type == "cpu" and float(grad_loss) == ctx.grad_scale:
-            return grad, None, None, None, None, None
+            return grad, None, None, None, None, None, None
         # In place: a (tokens x V) product written into fresh memory cost a page fault
         # every 4 KiB (BENCHMARKS.md, "the training update by operation"). The saved
         # gradient is spent; a second backward through this graph is refused by autograd
         # (the saved tensor changed), never given a scaled-twice gradient.
-        return grad.mul_(grad_loss / ctx.grad_scale), None, None, None, None, None
+        return grad.mul_(grad_loss / ctx.grad_scale), None, None, None, None, None, None
 
 
 def _smoothed_sums(
@@ -162,13 +178,16 @@ def label_smoothed_sums(
     pad_id: int,
     sweep: LossSweep = smoothed_loss_sweep,
     grad_scale: float = 1.0,
+    spend_logits: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(smoothed loss sum, nll sum) over non-padding tokens, without a host sync.
 
     The trainer knows its token counts from the batch, so it uses this form and never
     waits for the device to count the mask. `grad_scale`: what the loss sum will be
     multiplied by before its backward pass, if known (any value is correct; the one
-    that is used saves a pass over the gradient).
+    that is used saves a pass over the gradient). `spend_logits`: the caller reads the
+    logits no more, so their gradient is written over them; a tensor of their size
+    (tokens x V) is not made, nor filled through the caches.
     """
     flat_logits = logits.reshape(-1, logits.size(-1))
     flat_target = target.reshape(-1)
@@ -176,7 +195,7 @@ def label_smoothed_sums(
     # In float32, as the trainer's `loss * scale` hands it to the backward pass.
     scale32 = torch.tensor(grad_scale, dtype=torch.float32).item()
     loss, nll = _SmoothedCrossEntropy.apply(
-        flat_logits, flat_target, mask, float(eps), sweep, scale32
+        flat_logits, flat_target, mask, float(eps), sweep, scale32, spend_logits
     )
     return loss, nll
 

@@ -86,9 +86,9 @@ class TrainingObjective(nn.Module):
             return projected_label_smoothed_sums(
                 hidden, self.model.output_weight, tgt_out, self.eps, self.pad_id, tokens
             )
-        logits = self._run(src, tgt_in, project=True)
+        logits = self._run(src, tgt_in, project=True)  # read by the loss alone
         return label_smoothed_sums(
-            logits, tgt_out, self.eps, self.pad_id, self.loss_sweep, grad_scale
+            logits, tgt_out, self.eps, self.pad_id, self.loss_sweep, grad_scale, True
         )
 
 

@@ -308,7 +308,7 @@ def test_without_the_compiled_module_training_keeps_pytorchs_kernels_and_says_so
         return scaled_keep_mask(like, p)
 
     def counted_sweep(*args: Any) -> Any:
-        swept.append(args[-1])  # want_grad: training's sweeps, then validation's
+        swept.append(args[4])  # want_grad: training's sweeps, then validation's
         return smoothed_loss_sweep(*args)
 
     attended: list[bool] = []

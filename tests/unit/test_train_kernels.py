@@ -211,19 +211,25 @@ def test_the_probe_and_the_ranks_never_build_the_module_themselves(
     assert training_kernel(build=False) == (None, "the compiled module is not built")
 
 
+@pytest.mark.parametrize("spend", [False, True])
 @pytest.mark.parametrize("vocab", [37, 1000])  # a partial 16-lane tail; many full ones
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_loss_matches_autograd_across_chunk_boundaries(
-    loss_sweep: LossSweep, dtype: torch.dtype, vocab: int
+    loss_sweep: LossSweep, dtype: torch.dtype, vocab: int, spend: bool
 ) -> None:
+    """The loss and its gradient against autograd's; with `spend_logits`, the same, the
+    gradient written over the logits (a temporary here, as the model's are)."""
     torch.manual_seed(0)
     rows = 150  # two full chunks of 64 and a partial one
     logits = (torch.randn(rows, vocab) * 3).to(dtype).requires_grad_(True)
     target = torch.randint(1, vocab, (rows,))
     target[::7] = 0  # padding
     target[1] = vocab - 1  # the last word: the target's correction at the row's end
-    loss, nll = label_smoothed_sums(logits, target, 0.1, 0, loss_sweep)
+    given = logits * 1.0 if spend else logits
+    loss, nll = label_smoothed_sums(given, target, 0.1, 0, loss_sweep, spend_logits=spend)
     (loss * 0.5).backward()
+    if spend:  # the logits' memory holds their gradient, scaled by the backward pass
+        assert logits.grad is not None and torch.equal(given.detach(), logits.grad)
     ref_logits = logits.detach().float().requires_grad_(True)
     logp = ref_logits.log_softmax(-1)
     mask = (target != 0).float()
@@ -310,6 +316,10 @@ def test_the_compiled_sweep_is_the_references_to_rounding(
     assert all(torch.equal(a, b) for a, b in zip(one, (lse, mean, ref, grad), strict=True))
     no_grad = compiled(logits, target, weight, 0.1, False)
     assert no_grad[3] is None and torch.equal(no_grad[0], lse)
+    spent = logits.clone()  # in place: the same figures, the gradient in the logits' memory
+    in_place = compiled(spent, target, weight, 0.1, True, True)
+    assert in_place[3] is not None and in_place[3].data_ptr() == spent.data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(in_place, (lse, mean, ref, grad), strict=True))
 
 
 def test_the_compiled_sweep_refuses_a_target_outside_the_vocabulary(kernel: ModuleType) -> None:

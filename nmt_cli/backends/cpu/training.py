@@ -126,12 +126,22 @@ def compiled_loss_sweep(kernel: ModuleType) -> LossSweep:
     """The module's sweep for float32 and bfloat16 CPU logits; the reference for others."""
 
     def sweep(
-        logits: Tensor, target: Tensor, weight: Tensor, eps: float, want_grad: bool
+        logits: Tensor,
+        target: Tensor,
+        weight: Tensor,
+        eps: float,
+        want_grad: bool,
+        in_place: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16):
-            return smoothed_loss_sweep(logits, target, weight, eps, want_grad)
+            return smoothed_loss_sweep(logits, target, weight, eps, want_grad, in_place)
         lse, mean, ref, grad = kernel.smoothed_loss_sweep(
-            logits.contiguous(), target.contiguous(), weight.contiguous(), eps, want_grad
+            logits.contiguous(),
+            target.contiguous(),
+            weight.contiguous(),
+            eps,
+            want_grad,
+            in_place and logits.is_contiguous(),
         )
         return lse, mean, ref, grad if want_grad else None
 

@@ -108,10 +108,10 @@ void sweep(const T* logits, const int64_t* target, const float* weight, int64_t 
       // The gradient is w * (softmax - eps / V) everywhere, less w * (1 - eps) at the
       // target: the passes write the first, the target's element is corrected after.
       const float offset = w * eps / static_cast<float>(n);
+      ref[r] = widen(x[t]);  // first: the gradient may be written over the logits
       const RowSums sums = row(x, n, e.data(), g, w, offset);
       lse[r] = sums.lse;
       mean[r] = sums.mean;
-      ref[r] = widen(x[t]);
       if (g != nullptr) {
         narrow(w * (e[t] / sums.sum - eps / static_cast<float>(n) - (1.0f - eps)), g + t);
       }
@@ -123,7 +123,7 @@ void sweep(const T* logits, const int64_t* target, const float* weight, int64_t 
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> smoothed_loss_sweep(
     const at::Tensor& logits, const at::Tensor& target, const at::Tensor& weight, double eps,
-    bool want_grad) {
+    bool want_grad, bool in_place) {
   RECORD_FUNCTION("nmt::smoothed_loss_sweep", std::vector<c10::IValue>());
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.is_contiguous(),
               "smoothed_loss_sweep: contiguous (N, V) CPU logits are needed");
@@ -146,10 +146,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> smoothed_loss_sweep(
   const auto f32 = logits.options().dtype(at::kFloat);
   at::Tensor lse = at::empty({rows}, f32), mean = at::empty({rows}, f32),
              ref = at::empty({rows}, f32);
-  at::Tensor grad = want_grad ? at::empty({rows, n}, logits.options()) : at::Tensor();
+  // In place, each row's gradient is written after its last read of the row.
+  at::Tensor grad = !want_grad ? at::Tensor()
+                    : in_place ? logits
+                               : at::empty({rows, n}, logits.options());
   const float* w = weight.const_data_ptr<float>();
   const auto e = static_cast<float>(eps);
-  if (dtype == at::kFloat) {
+  if (dtype == at::kFloat) {  // (in place, the logits' pointer is also the gradient's)
     sweep(logits.const_data_ptr<float>(), t, w, rows, n, e,
           want_grad ? grad.data_ptr<float>() : nullptr, lse.data_ptr<float>(),
           mean.data_ptr<float>(), ref.data_ptr<float>());
