@@ -206,10 +206,10 @@ class OpProfile:
         share = self.products_s / self.total_s
         costliest = (f"{n.removeprefix('aten::')} {t / self.total_s:.1%}" for n, t in self.others)
         lines = [
-            f"    by operation: matrix products {share:.0%} of the update's time, at "
+            f"    by operation: matrix products {share:.1%} of the update's time, at "
             f"{self.products_flops / self.products_s / 1e9:,.0f} GFLOP/s "
             f"({self.products_flops / self.products_s / peak:.0%} of the peak); everything "
-            f"else {1 - share:.0%} (if it took no time at all: {1 / share:.2f}x)",
+            f"else {1 - share:.1%} (if it took no time at all: {1 / share:.2f}x)",
             "    costliest other operations: " + ", ".join(costliest),
         ]
         return "\n".join(lines)

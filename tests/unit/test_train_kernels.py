@@ -648,12 +648,16 @@ def test_the_bias_and_relu_pass_is_one_float32_addition_and_rounding(
     assert torch.equal(got.isnan(), want.to(dtype).isnan())
     assert torch.equal(got.nan_to_num(), want.to(dtype).nan_to_num())
     grad = torch.randn(shape, generator=gen).to(dtype)
-    masked, sums = relu_kernel.relu_bias_backward(grad, got)
+    masked, sums = relu_kernel.relu_bias_backward(grad, got, False)
     assert masked.dtype == dtype and sums.dtype == torch.float32
     assert torch.equal(masked, torch.where(got > 0, grad, torch.zeros_like(grad)))
     exact = masked.double().sum(0)
     bound = shape[0] * 2.0**-24 * masked.double().abs().sum(0)
     assert bool(((sums.double() - exact).abs() <= bound).all())
+    spent = grad.clone()  # in place: the same figures, written over the gradient
+    over, same_sums = relu_kernel.relu_bias_backward(spent, got, True)
+    assert over.data_ptr() == spent.data_ptr()
+    assert torch.equal(over, masked) and torch.equal(same_sums, sums)
 
 
 def at_one_and_two_threads(run: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
@@ -672,7 +676,7 @@ def at_one_and_two_threads(run: Callable[[], torch.Tensor]) -> list[torch.Tensor
 def test_the_bias_sums_do_not_depend_on_the_threads(kernel: ModuleType) -> None:
     gen = torch.Generator().manual_seed(0)
     grad, y = torch.randn(1000, 64, generator=gen), torch.randn(1000, 64, generator=gen)
-    sums = at_one_and_two_threads(lambda: kernel.relu_bias_backward(grad, y)[1])
+    sums = at_one_and_two_threads(lambda: kernel.relu_bias_backward(grad, y, False)[1])
     assert torch.equal(sums[0], sums[1])
 
 

@@ -341,7 +341,10 @@ class _DenseReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         rows, w, out = ctx.saved_tensors
-        g, bias_grad = ctx.kernel.relu_bias_backward(grad.reshape(out.shape).to(out.dtype), out)
+        # The ReLU's gradient over the incoming one, which autograd hands this function
+        # alone: no tensor of tokens x d_ff is made for it.
+        incoming = grad.reshape(out.shape).to(out.dtype)
+        g, bias_grad = ctx.kernel.relu_bias_backward(incoming, out, True)
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dx = torch.mm(g, w).view(*grad.shape[:-1], w.size(1))

@@ -146,7 +146,7 @@ void bias_relu_(at::Tensor& y, const at::Tensor& bias) {
 }
 
 std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad,
-                                                      const at::Tensor& y) {
+                                                      const at::Tensor& y, bool in_place) {
   RECORD_FUNCTION("nmt::relu_bias_backward", std::vector<c10::IValue>());
   check_relu_operand(y, "the forward pass's output");
   const at::Tensor g = grad.contiguous();
@@ -155,7 +155,8 @@ std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad,
               "bias_relu: the gradient is ", g.sizes(), " ", g.scalar_type(), ", the output ",
               y.sizes(), " ", y.scalar_type());
   const int64_t rows = y.size(0), n = y.size(1);
-  at::Tensor out = at::empty_like(g);
+  // In place, each element is read before it is written, by the same task.
+  at::Tensor out = in_place ? g : at::empty_like(g);
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
   at::Tensor partial = at::zeros({std::max<int64_t>(blocks, 1), n}, g.options().dtype(at::kFloat));
   float* p = partial.data_ptr<float>();

@@ -20,8 +20,9 @@ void bias_relu_(at::Tensor& y, const at::Tensor& bias);
 // grad and y (rows x n, contiguous, y = bias_relu_'s output) -> (grad where y > 0 else
 // 0, in grad's dtype; its column sums, float32 (n)): the gradients of the product's
 // output and of the bias. The sums run over fixed blocks of rows in a fixed order, so
-// they do not depend on the number of threads.
+// they do not depend on the number of threads. `in_place` writes the first over grad (a
+// contiguous one: else over its contiguous copy) and returns it.
 std::tuple<at::Tensor, at::Tensor> relu_bias_backward(const at::Tensor& grad,
-                                                      const at::Tensor& y);
+                                                      const at::Tensor& y, bool in_place);
 
 }  // namespace nmt
