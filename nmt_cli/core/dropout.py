@@ -150,10 +150,14 @@ class Dropout(nn.Dropout):
         add's gradient is written, not in a pass of its own. Under autocast (bf16
         products) the product keeps its bias: there the fused add with the bias made the
         update slower, not faster (BENCHMARKS.md)."""
-        fused = self.training and self.p > 0.0 and self.fused_add is not None
-        own_dtype = not torch.is_autocast_enabled(x.device.type)
-        fused = fused and own_dtype and self._fast(x)
-        if fused and isinstance(layer, nn.Linear) and layer.bias is not None:
+        takes_bias = (
+            self.training
+            and self.p > 0.0
+            and self.fused_add is not None
+            and not torch.is_autocast_enabled(x.device.type)
+            and self._fast(x)
+        )
+        if takes_bias and isinstance(layer, nn.Linear) and layer.bias is not None:
             assert self.fused_add is not None
             return self.fused_add(residual, F.linear(x, layer.weight), self.p, layer.bias)
         return self.add(residual, linear(layer, x))

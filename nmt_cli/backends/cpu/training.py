@@ -135,13 +135,9 @@ def compiled_loss_sweep(kernel: ModuleType) -> LossSweep:
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.bfloat16):
             return smoothed_loss_sweep(logits, target, weight, eps, want_grad, in_place)
+        # In place over the logits, or over their contiguous copy, which is this call's.
         lse, mean, ref, grad = kernel.smoothed_loss_sweep(
-            logits.contiguous(),
-            target.contiguous(),
-            weight.contiguous(),
-            eps,
-            want_grad,
-            in_place and logits.is_contiguous(),
+            logits.contiguous(), target.contiguous(), weight.contiguous(), eps, want_grad, in_place
         )
         return lse, mean, ref, grad if want_grad else None
 
