@@ -25,6 +25,7 @@ that need torch import it when called.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ def fused_attention_under(policy: AttentionBackend) -> Attention:
 
     check_policy(policy)
 
+    @functools.wraps(fused_attention)  # `__wrapped__`: what a caller may recognise
     def attend(
         q: Tensor,
         k: Tensor,

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt_cli.core.step_linear import linear
+from nmt_cli.core.step_linear import linear, linear_add
 
 
 def seed_dropout(device: torch.device, seed: int) -> None:
@@ -160,4 +160,6 @@ class Dropout(nn.Dropout):
         if takes_bias and isinstance(layer, nn.Linear) and layer.bias is not None:
             assert self.fused_add is not None
             return self.fused_add(residual, F.linear(x, layer.weight), self.p, layer.bias)
+        if not self.training or self.p == 0.0:  # a decoding layer adds in its product
+            return linear_add(layer, x, residual)
         return self.add(residual, linear(layer, x))

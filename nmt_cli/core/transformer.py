@@ -194,7 +194,9 @@ class FeedForward(nn.Module):
         add): the activations after their dropout."""
         if self.activation == "relu" and isinstance(self.w1, nn.Linear):
             hidden = self.dense_relu(x, self.w1.weight, self.w1.bias)
-        else:  # another activation, or a backend's decoding layer
+        elif self.activation == "relu":  # a backend's decoding layer: ReLU in its product
+            hidden = linear_relu(self.w1, x)
+        else:
             hidden = self.act(self.w1(x))
         return self.relu_dropout(hidden)
 

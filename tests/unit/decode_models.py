@@ -13,6 +13,7 @@ import torch
 from nmt_cli.backends.cpu.decoder import CpuDecoder, output_projection
 from nmt_cli.backends.machine import machine_plan
 from nmt_cli.backends.plan import Target
+from nmt_cli.core.attention import Attention
 from nmt_cli.core.checkpoint import build_transformer
 from nmt_cli.core.operations import REFERENCE, Operations
 from nmt_cli.core.precision import DecodePrecision, dtype_of
@@ -43,11 +44,13 @@ def decode_model(
     kernel: ModuleType | None = None,
     seed: int = 0,
     compiled: bool = False,
+    attention: Attention | None = None,
     **overrides: object,
 ) -> CpuDecoder:
     """A random model wrapped as the backend wraps it for `precision` (cpu_decoders):
-    its layers on `kernel`'s products when given, the Python step unless `compiled`."""
-    return wrap(random_model(seed, **overrides), precision, kernel, compiled)
+    its layers on `kernel`'s products when given, the Python step unless `compiled`,
+    core's reference attention unless `attention` is given."""
+    return wrap(random_model(seed, **overrides), precision, kernel, compiled, attention=attention)
 
 
 def wrap(
@@ -56,12 +59,16 @@ def wrap(
     kernel: ModuleType | None = None,
     compiled: bool = False,
     structural: bool = True,
+    attention: Attention | None = None,
 ) -> CpuDecoder:
     """`model`'s weights built with the linear layers the planner chooses for decoding in
     `precision` on a CPU with `kernel` (None: without the compiled module), and wrapped;
-    its other operations stay core's references, as `model`'s, which is not changed."""
+    its other operations stay core's references (`attention` replaces that one), as
+    `model`'s, which is not changed."""
     target = Target(torch.device("cpu"), False, kernel=kernel, precision=precision)
     operations = replace(REFERENCE, linear=machine_plan(target).operations.linear)
+    if attention is not None:
+        operations = replace(operations, attention=attention)
     built = build_transformer(model.cfg, model.state_dict(), operations)
     built = built.to(dtype_of(cast(DecodePrecision, precision)))
     projection = output_projection(built, operations.linear)

@@ -33,6 +33,7 @@ from nmt_cli.backends.cpu.linear import (
     packed_bf16_available,
 )
 from nmt_cli.backends.cpu.slot_cache import SlotCache
+from nmt_cli.backends.pytorch import fused_attention_under
 from nmt_cli.core.beam_advance import Advance, decode_then_advance, force_eos, torch_advance
 from nmt_cli.core.cache import DecoderCache
 from nmt_cli.core.checkpoint import Checkpoint, model_state
@@ -497,6 +498,53 @@ def test_each_step_and_its_cache_equal_the_python_step(
     slotted = own and kernel.attention_kernel_available()
     assert isinstance(model.new_cache(), SlotCache if slotted else DecoderCache)
     _steps_agree(model)
+
+
+@pytest.mark.parametrize("level", ["native", "avx2"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_the_compiled_encoder_and_cross_cache_equal_pythons(
+    kernel_at: Callable[[str], ModuleType], precision: str, level: str
+) -> None:
+    """With PyTorch's fused attention in the encoder (what the CPU plan gives decoding),
+    the compiled encoder's output over padded sources, and the cross-attention keys,
+    values and padding bias it stores in a SlotCache, equal the Python encoder's and
+    `store_memory`'s bit for bit. With core's reference attention (the other tests'
+    models) the encoder stays in Python: the C++ side calls the fused kernel."""
+    kernel = kernel_at(level)
+    fused = fused_attention_under("auto")
+    model = decode_model(precision, kernel, compiled=True, attention=fused)
+    assert model.compiled_encoder
+    assert not decode_model(precision, kernel, compiled=True).compiled_encoder
+    src = _sources()
+    mask = model.source_mask(src)
+    with torch.inference_mode():
+        compiled = model.encode(src, mask)
+        python = _python_step([model], lambda: [model.encode(src, mask)])[0]
+        assert compiled.dtype == python.dtype
+        assert torch.equal(compiled, python)
+        caches = [model.new_cache(), model.new_cache()]
+        if not isinstance(caches[0], SlotCache):
+            return  # the reference cache is filled by its Python layers either way
+        _python_step([model], lambda: [model._cache_memory(python, mask, caches[0])])
+        model._cache_memory(python, mask, caches[1])
+    for name in ("cross_k", "cross_v", "cross_bias"):
+        for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert torch.equal(caches[0].table.sources, caches[1].table.sources)
+    assert caches[1].layers[0].cross_bias is not None  # the sources are padded
+
+
+def test_a_change_to_the_python_encoder_alone_is_caught(
+    kernel: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference encoder changes (the feed-forward's hidden layer) and the C++ one
+    does not: the equality test fails."""
+    from nmt_cli.core.transformer import FeedForward
+
+    original = FeedForward.hidden
+    monkeypatch.setattr(FeedForward, "hidden", lambda self, x: original(self, x) * 1.001)
+    with pytest.raises(AssertionError):
+        test_the_compiled_encoder_and_cross_cache_equal_pythons(lambda _: kernel, "fp32", "native")
 
 
 def test_a_change_to_the_python_step_alone_is_caught(

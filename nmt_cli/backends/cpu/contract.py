@@ -1,7 +1,8 @@
 """What the Python side hands the compiled step, by name: one table, checked at load.
 
-The C++ step (csrc/decoder_step.cpp) reads every weight and every cache tensor by name,
-from the structures below (as dicts) and from the cache layers' attributes. Each side
+The C++ step (csrc/decoder_step.cpp), and the encoder it also runs, read every weight and
+every cache tensor by name, from the structures below (as dicts) and from the cache
+layers' attributes. Each side
 keeps one table of those names (`STRUCTURES` here, `kContract` there); `check_contract`
 compares them when the module is loaded, so a field added on one side and not the other
 stops the compiled step at load, with its name, and decoding stays on the reference step,
@@ -85,12 +86,26 @@ class NormSpec:
 
 
 @dataclass(frozen=True)
+class EncoderLayerSpec:
+    """One encoder layer (core/transformer.py's EncoderLayer) in its order."""
+
+    self_qkv: LinearSpec
+    self_out: LinearSpec
+    ffn_w1: LinearSpec
+    ffn_w2: LinearSpec
+    norm1: NormSpec
+    norm2: NormSpec
+
+
+@dataclass(frozen=True)
 class LayerSpec:
-    """One decoder layer (core/transformer.py's DecoderLayer) in its step's order."""
+    """One decoder layer (core/transformer.py's DecoderLayer) in its step's order, and
+    the projection of the encoder's output that fills its cross-attention cache."""
 
     self_qkv: LinearSpec
     self_out: LinearSpec
     cross_q: LinearSpec
+    cross_kv: LinearSpec
     cross_out: LinearSpec
     ffn_w1: LinearSpec
     ffn_w2: LinearSpec
@@ -101,13 +116,17 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class StepSpec:
-    """The whole step: attention shapes, embedding, layers, output projection."""
+    """The whole model as decoding runs it: attention shapes, the embeddings (both scaled
+    by `embed_scale`), the encoder's layers, the decoder's, the output projection."""
 
     heads: int
     d_k: int
     d_v: int
     eps: float
     embed_scale: float
+    source_tokens: Tensor
+    source_positions: Tensor
+    encoder_layers: list[EncoderLayerSpec]
     tokens: Tensor
     positions: Tensor
     projection: LinearSpec
@@ -127,6 +146,7 @@ def _names(cls: type) -> tuple[str, ...]:
 
 STRUCTURES: dict[str, tuple[str, ...]] = {
     "step": _names(StepSpec),
+    "encoder_layer": _names(EncoderLayerSpec),
     "layer": _names(LayerSpec),
     "norm": _names(NormSpec),
     **{f"linear.{cls.kind}": _names(cls) for cls in LinearSpec.__args__},

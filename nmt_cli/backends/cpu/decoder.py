@@ -18,6 +18,7 @@ the output projection and log-softmax, or the compiled step, which is tested to 
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from types import ModuleType
@@ -32,12 +33,13 @@ from nmt_cli.backends.cpu.linear import DecodeLinear, DecodeLinears
 from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.backends.cpu.step import CompiledStep
 from nmt_cli.backends.cpu.support import unsupported
+from nmt_cli.core.attention import fused_attention
 from nmt_cli.core.beam_advance import Advance, BeamAdvance, decode_then_advance, torch_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.open_sentence import Ended, OpenSentence
 from nmt_cli.core.step_linear import LinearLayer, StepLinear, linear
-from nmt_cli.core.transformer import DecoderLayer, Transformer
+from nmt_cli.core.transformer import DecoderLayer, EncoderLayer, Transformer
 from nmt_cli.core.vocab import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.cpu_level import vector_width
 
@@ -87,6 +89,12 @@ class CpuDecoder(nn.Module):
         self.step: CompiledStep | None = None
         if kernel is not None and structural and compiled:
             self.step = CompiledStep(model, projection, kernel, own is not None)
+        # The compiled encoder calls PyTorch's fused attention: where the encoder's is
+        # another (core's reference, as in the tests), it stays in Python.
+        self.compiled_encoder = self.step is not None and all(
+            inspect.unwrap(cast(EncoderLayer, layer).self_attn.ops.attention) is fused_attention
+            for layer in model.encoder
+        )
         # Beam search's bookkeeping, from the same module as the step when there is one.
         self.advance: BeamAdvance = kernel_advance(kernel) if kernel is not None else torch_advance
         self._shape_free_rows: float | None = None  # measured on first use
@@ -103,7 +111,11 @@ class CpuDecoder(nn.Module):
         return self.model.source_mask(src)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        return self.model.encode(src, src_mask)
+        """The compiled encoder where the compiled step runs: Transformer.encode's
+        arithmetic without the Python between its operations."""
+        if self.step is None or not self.compiled_encoder:
+            return self.model.encode(src, src_mask)
+        return self.step.encode(src, self.source_mask(src) if src_mask is None else src_mask)
 
     def encode_with_attention(
         self, src: Tensor, src_mask: Tensor | None = None
@@ -190,7 +202,11 @@ class CpuDecoder(nn.Module):
     def _cache_memory(self, memory: Tensor, src_mask: Tensor, cache: StepCache) -> None:
         """Every decoder layer's cross-attention keys/values of `memory` in `cache`: the
         reference step's work on its first step, done here for the compiled step, which
-        expects them there already."""
+        expects them there already (in one call of it over a fresh SlotCache)."""
+        fresh = isinstance(cache, SlotCache) and not any(m.has_memory() for m in cache.layers)
+        if self.step is not None and fresh:
+            self.step.cache_memory(memory, src_mask, cast(SlotCache, cache))
+            return
         for layer, layer_cache in zip(self.model.decoder, cache.layers, strict=True):
             if not layer_cache.has_memory():
                 attention = cast(DecoderLayer, layer).cross_attn

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.backends.cpu.contract import (
+    EncoderLayerSpec,
     Fp32RowsSpec,
     Int8RowsSpec,
     Int8Spec,
@@ -34,7 +35,8 @@ from nmt_cli.backends.cpu.contract import (
 from nmt_cli.backends.cpu.linear import Fp32Linear, Int8Linear, PackedLinear
 from nmt_cli.backends.cpu.slot_cache import SlotCache
 from nmt_cli.core.cache import DecoderCache
-from nmt_cli.core.layer_map import DECODER
+from nmt_cli.core.embedding import Embedding
+from nmt_cli.core.layer_map import DECODER, ENCODER, Stack
 from nmt_cli.core.norm import LayerNorm
 from nmt_cli.core.open_sentence import Ended, OpenSentence
 from nmt_cli.core.transformer import DecoderLayer, Transformer
@@ -58,57 +60,63 @@ def linear_spec(layer: nn.Module) -> LinearSpec:
     raise TypeError(f"no compiled form of {type(layer).__name__}")
 
 
-# LayerSpec's name of each decoder sublayer's linear layers: `{prefix}_{linear}`, as in
-# self_qkv.
+# The specs' name of each sublayer's linear layers: `{prefix}_{linear}`, as in self_qkv.
 _PREFIXES = {"self_attn": "self", "cross_attn": "cross", "ffn": "ffn"}
-_CACHED = "cross_kv"  # the cache holds its keys and values (Transformer.cache_memory)
 
 
-def _layer_spec(model: Transformer, index: int) -> LayerSpec:
-    """Decoder layer `index` as the C++ step reads it: the layer map's roles, by name."""
-    fields: dict[str, Any] = {}  # LayerSpec's fields, each a LinearSpec or a NormSpec
-    for role in DECODER.roles(index):
+def _layer_fields(model: Transformer, stack: Stack, index: int) -> dict[str, Any]:
+    """Layer `index` of `stack` as the C++ side reads it: the layer map's roles, by
+    name, each a LinearSpec or a NormSpec."""
+    fields: dict[str, Any] = {}
+    for role in stack.roles(index):
         module = model.get_submodule(role.name)
         if role.linear is None:
             norm = cast(LayerNorm, module)
             fields[role.sublayer.norm] = NormSpec(norm.weight, norm.bias)
-            continue
-        field = f"{_PREFIXES[role.sublayer.module]}_{role.linear.name}"
-        if field != _CACHED:
-            fields[field] = linear_spec(module)
-    return LayerSpec(**fields)
+        else:
+            fields[f"{_PREFIXES[role.sublayer.module]}_{role.linear.name}"] = linear_spec(module)
+    return fields
+
+
+def _positions(embed: Embedding) -> Tensor:
+    return embed.learned.weight if embed.learned is not None else embed.get_buffer("table")
 
 
 def step_spec(
     model: Transformer, projection: nn.Module | None, module_log_softmax: bool
 ) -> StepSpec:
-    """The model's decoder step as the C++ side reads it; `projection` is the decode-only
-    output projection (None: the tied embedding matrix as it is)."""
+    """The model's encoder and decoder step as the C++ side reads them; `projection` is
+    the decode-only output projection (None: the tied embedding matrix as it is)."""
     embed = model.tgt_embed
-    positions = embed.learned.weight if embed.learned is not None else embed.get_buffer("table")
     first = cast(DecoderLayer, model.decoder[0])
     return StepSpec(
         heads=first.self_attn.h,
         d_k=first.self_attn.d_k,
         d_v=first.self_attn.d_v,
         eps=first.norm1.eps,
-        embed_scale=embed.scale,
+        embed_scale=embed.scale,  # the source embedding's too (both are sqrt(d_model))
+        source_tokens=model.src_embed.tokens.weight,
+        source_positions=_positions(model.src_embed),
+        encoder_layers=[
+            EncoderLayerSpec(**_layer_fields(model, ENCODER, i)) for i in range(len(model.encoder))
+        ],
         tokens=embed.tokens.weight,
-        positions=positions,
+        positions=_positions(embed),
         projection=(
             linear_spec(projection)
             if projection is not None
             else PlainLinearSpec(model.output_weight, model.output_bias)
         ),
         module_log_softmax=module_log_softmax,
-        layers=[_layer_spec(model, index) for index in range(len(model.decoder))],
+        layers=[LayerSpec(**_layer_fields(model, DECODER, i)) for i in range(len(model.decoder))],
     )
 
 
 class CompiledStep:
     """The reference step without attention weights, as one call into the module, over
-    either cache layout. The cross-attention cache must be filled before the first step
-    (CpuDecoder._cache_memory)."""
+    either cache layout; the encoder, and the SlotCache's cross-attention keys and
+    values, as one call each. The cross-attention cache must be filled before the first
+    step (CpuDecoder._cache_memory)."""
 
     def __init__(
         self,
@@ -120,6 +128,18 @@ class CompiledStep:
         check_contract(kernel)
         spec = step_spec(model, projection, module_log_softmax)
         self.kernel = kernel.DecoderStep(as_arguments(spec))
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        """Transformer.encode at inference, as one call (PyTorch's fused attention, which
+        the CPU plan gives decoding, and the layers' fused ReLU and residual add)."""
+        return cast(Tensor, self.kernel.encode(src, src_mask))
+
+    def cache_memory(self, memory: Tensor, src_mask: Tensor, cache: SlotCache) -> None:
+        """Every decoder layer's cross-attention keys and values of `memory` stored in
+        `cache` as its layers' `store_memory` would, in one call."""
+        self.kernel.cache_memory(memory, src_mask, cache.layers, cache.table.dtype)
+        if cache.table.sources is None:
+            cache.table.sources = torch.arange(memory.size(0))
 
     def __call__(
         self, tokens: Tensor, cache: DecoderCache | SlotCache, log_probs: bool = True

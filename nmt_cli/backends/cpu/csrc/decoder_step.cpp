@@ -1,4 +1,5 @@
-// One incremental decoder step of nmt's Transformer, as one C++ call.
+// One incremental decoder step of nmt's Transformer, as one C++ call; and its encoder,
+// with the cross-attention keys and values it gives each decoder layer, as another.
 //
 // The Python step (nmt_cli/core/transformer.py: Transformer.decode_step and the `step`
 // methods it calls) is the reference: this file makes the same ATen calls (and calls the
@@ -32,6 +33,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -47,10 +49,12 @@ using Fields = std::vector<std::string>;
 // The named contract: the fields of each structure the Python side hands over
 // (backends/cpu/contract.py: STRUCTURES), compared at load by the Python side.
 const std::map<std::string, Fields> kContract = {
-    {"step", {"heads", "d_k", "d_v", "eps", "embed_scale", "tokens", "positions", "projection",
-              "module_log_softmax", "layers"}},
-    {"layer", {"self_qkv", "self_out", "cross_q", "cross_out", "ffn_w1", "ffn_w2", "norm1",
-               "norm2", "norm3"}},
+    {"step", {"heads", "d_k", "d_v", "eps", "embed_scale", "source_tokens", "source_positions",
+              "encoder_layers", "tokens", "positions", "projection", "module_log_softmax",
+              "layers"}},
+    {"encoder_layer", {"self_qkv", "self_out", "ffn_w1", "ffn_w2", "norm1", "norm2"}},
+    {"layer", {"self_qkv", "self_out", "cross_q", "cross_kv", "cross_out", "ffn_w1", "ffn_w2",
+               "norm1", "norm2", "norm3"}},
     {"norm", {"weight", "bias"}},
     {"linear.plain", {"weight", "bias"}},
     {"linear.packed", {"packed", "bias", "rows", "out_features"}},
@@ -197,17 +201,25 @@ struct Norm {
   Tensor weight, bias;
 };
 
+struct EncoderLayer {
+  Linear qkv, out, ff1, ff2;
+  Norm norm1, norm2;
+};
+
 struct Layer {
-  Linear qkv, self_out, cross_q, cross_out, ff1, ff2;
+  Linear qkv, self_out, cross_q, cross_kv, cross_out, ff1, ff2;
   Norm norm1, norm2, norm3;
 };
 
-Norm norm_of(const py::dict& spec) {
-  return {get<Tensor>(spec, "norm", "weight"), get<Tensor>(spec, "norm", "bias")};
+// Field `name` of a layer's spec (`structure`: "layer" or "encoder_layer") as a Linear or
+// a Norm.
+Linear linear_of(const py::dict& spec, const std::string& structure, const char* name) {
+  return Linear(get<py::dict>(spec, structure, name));
 }
 
-Linear linear_of(const py::dict& spec, const char* name) {
-  return Linear(get<py::dict>(spec, "layer", name));
+Norm norm_of(const py::dict& spec, const std::string& structure, const char* name) {
+  const auto norm = get<py::dict>(spec, structure, name);
+  return {get<Tensor>(norm, "norm", "weight"), get<Tensor>(norm, "norm", "bias")};
 }
 
 // cat([prefix[rows], new], dim=2) written into one new tensor (core/cache.py, _gather_append).
@@ -233,18 +245,80 @@ class DecoderStep {
         d_v_(get<int64_t>(spec, "step", "d_v")),
         eps_(get<double>(spec, "step", "eps")),
         embed_scale_(get<double>(spec, "step", "embed_scale")),
+        source_tokens_(get<Tensor>(spec, "step", "source_tokens")),
+        source_positions_(get<Tensor>(spec, "step", "source_positions")),
         tokens_(get<Tensor>(spec, "step", "tokens")),
         positions_(get<Tensor>(spec, "step", "positions")),
         projection_(get<py::dict>(spec, "step", "projection")),
         module_log_softmax_(get<bool>(spec, "step", "module_log_softmax")) {
+    const std::string E = "encoder_layer";
+    for (const auto& item : get<py::list>(spec, "step", "encoder_layers")) {
+      const auto layer = item.cast<py::dict>();
+      encoder_.push_back(EncoderLayer{
+          linear_of(layer, E, "self_qkv"), linear_of(layer, E, "self_out"),
+          linear_of(layer, E, "ffn_w1"), linear_of(layer, E, "ffn_w2"),
+          norm_of(layer, E, "norm1"), norm_of(layer, E, "norm2")});
+    }
+    const std::string D = "layer";
     for (const auto& item : get<py::list>(spec, "step", "layers")) {
       const auto layer = item.cast<py::dict>();
-      layers_.push_back(Layer{linear_of(layer, "self_qkv"), linear_of(layer, "self_out"),
-                              linear_of(layer, "cross_q"), linear_of(layer, "cross_out"),
-                              linear_of(layer, "ffn_w1"), linear_of(layer, "ffn_w2"),
-                              norm_of(get<py::dict>(layer, "layer", "norm1")),
-                              norm_of(get<py::dict>(layer, "layer", "norm2")),
-                              norm_of(get<py::dict>(layer, "layer", "norm3"))});
+      layers_.push_back(Layer{
+          linear_of(layer, D, "self_qkv"), linear_of(layer, D, "self_out"),
+          linear_of(layer, D, "cross_q"), linear_of(layer, D, "cross_kv"),
+          linear_of(layer, D, "cross_out"), linear_of(layer, D, "ffn_w1"),
+          linear_of(layer, D, "ffn_w2"), norm_of(layer, D, "norm1"), norm_of(layer, D, "norm2"),
+          norm_of(layer, D, "norm3")});
+    }
+  }
+
+  // src (B, S) ids and key_mask (B, 1, 1, S), true on real tokens -> the encoder's output
+  // (B, S, D): Transformer.encode at inference (EncoderLayer.forward without dropout,
+  // its linear layers' ReLU and residual add fused as `linear_relu` and `linear_add`
+  // fuse them, its attention PyTorch's fused kernel as the CPU plan's decoding
+  // attention), the same calls in the same order.
+  Tensor encode(const Tensor& src, const Tensor& key_mask) const {
+    c10::InferenceMode guard;
+    const int64_t batch = src.size(0), length = src.size(1);
+    const int64_t qk = heads_ * d_k_, vdim = heads_ * d_v_;
+    Tensor x = at::add(at::embedding(source_tokens_, src).mul(embed_scale_),
+                       source_positions_.narrow(0, 0, length));
+    for (const EncoderLayer& layer : encoder_) {
+      const auto qkv = layer.qkv(x).split_with_sizes({qk, qk, vdim}, -1);
+      const Tensor q = qkv[0].view({batch, length, heads_, d_k_}).transpose(1, 2);
+      const Tensor k = qkv[1].view({batch, length, heads_, d_k_}).transpose(1, 2);
+      const Tensor v = qkv[2].view({batch, length, heads_, d_v_}).transpose(1, 2);
+      const Tensor ctx = at::scaled_dot_product_attention(q, k, v, key_mask, 0.0, false);
+      x = layer.out.add(ctx.transpose(1, 2).reshape({batch, length, vdim}), x);
+      x = at::layer_norm(x, {x.size(-1)}, layer.norm1.weight, layer.norm1.bias, eps_);
+      x = layer.ff2.add(layer.ff1.relu(x), x);
+      x = at::layer_norm(x, {x.size(-1)}, layer.norm2.weight, layer.norm2.bias, eps_);
+    }
+    return x;
+  }
+
+  // Every decoder layer's cross-attention keys and values of `memory` (B, S, D) stored in
+  // the SlotCache's `layers` ("cache.slots": cross_k and cross_v (B, S, h, d) in `dtype`,
+  // cross_bias (B, S) float32, -inf at padding, or None where `key_mask` has none):
+  // what SlotLayer.store_memory stores of MultiHeadAttention.project_kv's keys and values.
+  void cache_memory(const Tensor& memory, const Tensor& key_mask, const py::list& layers,
+                    at::ScalarType dtype) const {
+    c10::InferenceMode guard;
+    const int64_t batch = memory.size(0), length = memory.size(1), qk = heads_ * d_k_;
+    OptTensor bias;
+    if (!key_mask.all().item<bool>()) {
+      const Tensor mask = key_mask.view({batch, -1});
+      bias = at::zeros(mask.sizes(), at::kFloat).masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity());
+    }
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Tensor kv = layers_[l].cross_kv(memory);
+      py::object layer = layers[l];
+      layer.attr("cross_k") =
+          kv.narrow(-1, 0, qk).view({batch, length, heads_, d_k_}).to(dtype).contiguous();
+      layer.attr("cross_v") = kv.narrow(-1, qk, heads_ * d_v_)
+                                  .view({batch, length, heads_, d_v_})
+                                  .to(dtype)
+                                  .contiguous();
+      layer.attr("cross_bias") = bias.has_value() ? py::cast(*bias) : py::none();
     }
   }
 
@@ -421,9 +495,10 @@ class DecoderStep {
 
   int64_t heads_, d_k_, d_v_;
   double eps_, embed_scale_;
-  Tensor tokens_, positions_;
+  Tensor source_tokens_, source_positions_, tokens_, positions_;
   Linear projection_;
   bool module_log_softmax_;
+  std::vector<EncoderLayer> encoder_;
   std::vector<Layer> layers_;
 };
 
@@ -432,6 +507,8 @@ class DecoderStep {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<DecoderStep>(m, "DecoderStep")
       .def(py::init<const py::dict&>())
+      .def("encode", &DecoderStep::encode)
+      .def("cache_memory", &DecoderStep::cache_memory)
       .def("step", &DecoderStep::step)
       .def("step_slots", &DecoderStep::step_slots)
       // Named as core/open_sentence.py's OpenSentence fields, which the caller passes.
