@@ -19,8 +19,10 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class OpenSentence:
-    """A batch of one sentence between two steps of beam search: what a model needs to
-    carry its search to the end by a faster route (`Searchable.finish_sentence`)."""
+    """A batch of one sentence between two steps of beam search, or before the first
+    (step 0: every beam's token BOS, only the first beam open, the cache empty): what a
+    model needs to carry its search to the end by a faster route
+    (`Searchable.finish_sentence`)."""
 
     tokens: Tensor  # (K,) each beam's newest token
     cum: Tensor  # (K,) float32 running scores, -inf where a beam closed

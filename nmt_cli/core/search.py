@@ -308,6 +308,12 @@ class _BeamSearch:
         memory = model.encode(src, src_mask)
         cache = model.new_cache()
         cache.reserve(int(self.limit.max()) + 1)
+        # A batch of one sentence may be searched by the model in one call (below).
+        finish = model.finish_sentence if self.trace is None else None
+        if finish is not None and n == 1:
+            beams = self._first_beams()
+            if self._hand_over(finish, 0, beams, 0, memory, src_mask, cache):
+                return self._results()
 
         # Step 0: one row per sentence, since every beam starts from the same BOS.
         bos = torch.full((n,), BOS_ID, dtype=torch.long, device=device)
@@ -331,8 +337,6 @@ class _BeamSearch:
         cum, history, tokens = first.cum, first.history, top_tok.reshape(-1)
         open_set = _OpenSentences(self, sent_ids, k)
         step = 1
-        # A batch down to one sentence may be finished by the model in one call.
-        finish = model.finish_sentence if self.trace is None else None
         while True:
             if finish is not None and sent_ids.numel() == 1:
                 beams = (tokens, cum, history)
@@ -372,6 +376,10 @@ class _BeamSearch:
             cache.reorder(chosen.origin, cross=False)
             cum, history, tokens = chosen.cum, chosen.history, chosen.tokens.view(-1)
             step += 1
+        return self._results()
+
+    def _results(self) -> list[list[Hypothesis]]:
+        """Each sentence's `nbest` best finished hypotheses, best first."""
         for sent, hyps in enumerate(self.finished):
             hyps.sort(key=lambda h: h.score, reverse=True)
             self.results[sent] = hyps[: self.nbest]
@@ -379,6 +387,17 @@ class _BeamSearch:
                 for hyp in self.results[sent]:
                     hyp.attention = self.trace.path(*self.ends[id(hyp)])
         return self.results
+
+    def _first_beams(self) -> tuple[Tensor, Tensor, Tensor]:
+        """A sentence's beams before its first step, as a step after it leaves them: every
+        beam's token BOS, the first beam open (score 0) and the others closed (-inf), so
+        that the first step's candidates are the first beam's, as step 0 takes them from
+        one row; no tokens yet."""
+        device, k = self.src.device, self.k
+        tokens = torch.full((k,), BOS_ID, dtype=torch.long, device=device)
+        cum = torch.full((k,), -math.inf, device=device)
+        cum[0] = 0.0
+        return tokens, cum, torch.empty((k, 0), dtype=torch.long, device=device)
 
     def _hand_over(self, finish: Any, sent: int, beams: tuple[Tensor, ...], step: int,
                    *model_state: Any) -> bool:  # fmt: skip

@@ -182,6 +182,11 @@ class CpuDecoder(nn.Module):
         if not self._finishes_sentences() or not isinstance(cache, SlotCache):
             return None
         assert self.step is not None
+        if sentence.step == 0:  # from the first step: the cache is still empty
+            if cache.table.reserved <= sentence.limit:
+                return None  # its buffers would grow on the way
+            self._cache_memory(memory, src_mask, cache)
+            cache.reorder(torch.zeros(sentence.beam, dtype=torch.long), cross=True)
         return self.step.finish_sentence(sentence, cache, EOS_ID, _BANNED)
 
     def _logits(self, last_tokens: Tensor, memory: Tensor, src_mask: Tensor, cache: Any) -> Tensor:

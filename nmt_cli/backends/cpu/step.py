@@ -165,10 +165,10 @@ class CompiledStep:
         search's own rules, over the slot cache; None where its buffers would have to
         grow on the way (they are made for the search's length limit when it says)."""
         table = cache.table
+        slots = cache.prepare(sentence.beam)  # the buffers' room for k rows, now
         if table.steps <= sentence.limit:
             return None
         assert cache.length == sentence.step, "the cache holds every step before this one"
-        slots = cache.prepare(sentence.beam)  # the buffers' room for k rows, now
         state = {field.name: getattr(sentence, field.name) for field in fields(sentence)}
         ended, position, slots = self.kernel.finish_sentence(
             **state, layers=cache.layers, slots=slots, sources=table.sources, eos=eos,

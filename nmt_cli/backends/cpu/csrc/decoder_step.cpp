@@ -412,7 +412,8 @@ class DecoderStep {
   // whether any ended; `limit` the sentence's length limit
   // and `lp_at_limit` its penalty there. The cache must have room for every step up to
   // the limit and for k rows (SlotCache.prepare(k) before; no buffer grows here), and
-  // `slots` is its table. -> (each hypothesis that ended, in the order the Python loop
+  // `slots` is its table. From step 0 (core/open_sentence.py: every token BOS, the first
+  // beam alone open) the first step computes one row. -> (each hypothesis that ended, in the order the Python loop
   // sets them aside: (tokens, log-probability, step), the position reached, the table).
   py::tuple finish_sentence(Tensor tokens, int64_t step, const py::list& layers, Tensor slots,
                             const Tensor& sources, Tensor cum, Tensor history, int64_t k,
@@ -437,7 +438,14 @@ class DecoderStep {
       slots = slots.contiguous();
       int64_t* column = slots.data_ptr<int64_t>() + step;
       for (int64_t r = 0; r < k; ++r) column[r * slots.size(1)] = r;
-      const Tensor logits = step_slots(tokens, step, layers, slots, sources, false);
+      // Before the first step every beam is the first (BOS, the others closed): one row
+      // computed, as search's step 0 computes it, and offered as each beam's.
+      const Tensor logits =
+          step == 0 ? step_slots(tokens.narrow(0, 0, 1), step, layers, slots.narrow(0, 0, 1),
+                                 sources.narrow(0, 0, 1), false)
+                          .expand({k, -1})
+                          .contiguous()
+                    : step_slots(tokens, step, layers, slots, sources, false);
       const OptTensor at_limit = step >= limit ? OptTensor(forced) : OptTensor();
       const auto [top_lp, next_cum, next_tokens, origin, grown, ends, any_ended] =
           nmt::beam_choose(logits, cum, history, k, eos, banned, at_limit);
