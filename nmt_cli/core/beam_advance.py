@@ -80,7 +80,7 @@ def force_eos(lprobs: Tensor, rows: Tensor) -> None:
 
 
 class _Steps(Protocol):
-    """What decode_then_advance needs of a model (core/search.py's Searchable has it)."""
+    """What decode_then_advance needs of a model (core/searchable.py's Searchable has it)."""
 
     def decode_step(
         self, last_tokens: Tensor, memory: Any, src_mask: Tensor, cache: Any

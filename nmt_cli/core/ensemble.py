@@ -1,7 +1,7 @@
 """Several Transformers decoded as one model: the mean of their log-probabilities.
 
 Sockeye's design: an ensemble implements the same incremental-decoding interface as one
-model (`core.search.Searchable`: source_mask, encode, new_cache, decode_step, the cache's
+model (`core.searchable.Searchable`: source_mask, encode, new_cache, decode_step, the cache's
 reorder, max_positions), so greedy and beam search, batching, caching and n-best work
 unchanged and have no ensemble case to get wrong.
 
@@ -26,7 +26,7 @@ from nmt_cli.core.beam_advance import Advance, decode_then_advance
 from nmt_cli.core.cache import StepCache
 from nmt_cli.core.model_config import ModelConfig
 from nmt_cli.core.open_sentence import search_loop_only
-from nmt_cli.core.search import Searchable
+from nmt_cli.core.searchable import Searchable
 from nmt_cli.core.vocab import Vocab, VocabPair
 from nmt_cli.errors import NmtError
 

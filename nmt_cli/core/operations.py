@@ -13,7 +13,7 @@ The linear layers are an operation too, one with weights: `linear` makes each of
 when the model is built (core/step_linear.py), so a planned implementation holds the
 weights in its own form from the start. The decoding step's other operations (the
 cache's attention, the beam's advance) belong to the object search decodes, a
-`core.search.Searchable`, which a backend may provide whole.
+`core.searchable.Searchable`, which a backend may provide whole.
 """
 
 from __future__ import annotations

@@ -45,7 +45,11 @@ class Vocab:
         return int(self.processor.GetPieceSize())
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Raw text -> ids, without bos/eos (the caller adds what its side needs)."""
+        """Raw text -> ids, without bos/eos (the caller adds what its side needs). One
+        text goes to SentencePiece on its own: its list form starts a pool of threads a
+        call, which took a one-line translation's text 0.3 ms instead of 0.05."""
+        if len(texts) == 1 and isinstance(self.processor, spm.SentencePieceProcessor):
+            return [list(self.processor.Encode(texts[0], out_type=int))]
         return [list(ids) for ids in self.processor.Encode(list(texts), out_type=int)]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -1,7 +1,7 @@
 """The CPU backend: speed machinery beside the paper's model, never in it.
 
 core/ holds the Transformer and its Python decoder step, the reference. This package
-wraps a Transformer for decoding on a CPU (`CpuDecoder`, a `core.search.Searchable`):
+wraps a Transformer for decoding on a CPU (`CpuDecoder`, a `core.searchable.Searchable`):
 packed bf16 and int8 linear layers (linear.py, declared to the planner), a compiled C++
 module built on first use (build.py, csrc/) that runs the whole decoder step in one call
 (step.py, over the named contract of contract.py), a cache whose keys never move with

@@ -57,7 +57,7 @@ def kernel_advance(kernel: ModuleType) -> BeamAdvance:
 
 
 class CpuDecoder(nn.Module):
-    """One Transformer as search decodes it on a CPU (core.search.Searchable).
+    """One Transformer as search decodes it on a CPU (core.searchable.Searchable).
 
     `model` is decoded as it was built (its linear layers as planned); `projection` is
     the decode-only output projection (None: the tied embedding as it is); `kernel` is

@@ -33,12 +33,8 @@ from nmt_cli.core.checkpoint import Checkpoint
 from nmt_cli.core.constraints import ConstraintState
 from nmt_cli.core.ensemble import Ensemble, Member
 from nmt_cli.core.precision import DecodePrecision, resolve_decode_precision
-from nmt_cli.core.search import (
-    Hypothesis,
-    Searchable,
-    beam_search,
-    greedy_search,
-)
+from nmt_cli.core.search import Hypothesis, beam_search, greedy_search
+from nmt_cli.core.searchable import Searchable
 from nmt_cli.core.vocab import UNK_ID, VocabPair
 from nmt_cli.engines.models import (
     ModelPaths,

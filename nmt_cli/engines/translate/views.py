@@ -114,7 +114,7 @@ class _View:
         return lprobs, None if weights is None else self.keep(weights)
 
     def keep(self, weights: list[Tensor]) -> list[Tensor]:
-        """What search records of one step's weights (see core.search.Searchable)."""
+        """What search records of one step's weights (see core.searchable.Searchable)."""
         return weights
 
 
