@@ -370,9 +370,9 @@ def test_the_python_step_translates_as_the_compiled_one(random_ckpt: Path, preci
     int8 and fp32 use the compiled module's products only beside the compiled step, so
     there the two may differ and are compared on their scores: bf16 and fp32 in the last
     bits; int8 by its quantization, which differs between the module (a scale per row)
-    and PyTorch's kernels (one a call, and 7-bit activations on CPUs without VNNI, whose
-    products are within about 2% of the float ones: a relative grid step / sqrt(12) of
-    1.5-1.7%)."""
+    and PyTorch's kernels (one a call), and in the bits of one operand on CPUs without
+    VNNI (the module's weights and PyTorch's activations are 7-bit there): products within
+    about 2% of the float ones either way, a relative grid step / sqrt(12) of 1.5-1.7%)."""
     text = "\n".join(f"{w} red dog" for w in COPY_POOL[:8]) + "\n"
     args = ["-m", str(random_ckpt), "--precision", precision, "--json", "-q", "--beam", "3"]
     code_c, compiled, _ = run(args, text)

@@ -119,10 +119,10 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
 ) -> None:
     """Close to the float product, the same for a row whatever the other rows hold, and
-    the ReLU and residual forms fused; on the VNNI route (8-bit activations) and the AVX2
-    one (7-bit). "Close": within twice the relative error rounding to the grids predicts,
+    the ReLU and residual forms fused; on the VNNI route (8-bit weights) and the AVX2 one
+    (7-bit). "Close": within twice the relative error rounding to the grids predicts,
     uniform noise of a twelfth of a step squared on each operand (about 1.1% with 8-bit
-    activations here, 1.7% with 7)."""
+    weights here, 1.7% with 7)."""
     kernel = kernel_at(level)
     if not kernel.int8_kernel_available():
         pytest.skip("this CPU has no AVX2")
@@ -138,7 +138,7 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     def noise(t: Tensor, levels: int) -> float:  # relative: grid step / sqrt(12) / rms
         return float(t.abs().amax() / levels / 12**0.5 / t.pow(2).mean().sqrt())
 
-    predicted = (noise(x, levels) ** 2 + noise(w, 127) ** 2) ** 0.5
+    predicted = (noise(x, 127) ** 2 + noise(w, levels) ** 2) ** 0.5
     assert ((y - exact).norm() / (exact - b).norm()) < 2 * predicted
     assert torch.equal(layer.relu(x), y.clamp(min=0))
     assert torch.allclose(layer.add(x, r), y + r, atol=1e-5)
@@ -149,8 +149,8 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
 
 def _int8_reference(x: Tensor, w: Tensor, b: Tensor, levels: int) -> tuple[Tensor, Tensor]:
     """x W^T + b as the int8 kernel defines it, computed apart from it: each row of W
-    quantized symmetrically to 127 levels a side (w / scale, as the weights are packed)
-    and each row of x to `levels` (x times 1 / scale, as each call quantizes its input),
+    quantized symmetrically to `levels` a side (w / scale, as the weights are packed) and
+    each row of x to 127 (x times 1 / scale, as each call quantizes its input),
     scale = max |.| / levels, rounded half to even in float32; the integer sums exact in
     int64, scaled in float64; and the bound of the kernel's float32 epilogue: the sum and
     the scale product each rounded once to float32 (2^-24 of the product each, and their
@@ -162,7 +162,7 @@ def _int8_reference(x: Tensor, w: Tensor, b: Tensor, levels: int) -> tuple[Tenso
         steps = t * (1.0 / scale) if by_inverse else t / scale
         return torch.round(steps).clamp(-levels, levels).long(), scale[:, 0].double()
 
-    (qx, sx), (qw, sw) = quantized(x, levels, True), quantized(w, 127, False)
+    (qx, sx), (qw, sw) = quantized(x, 127, True), quantized(w, levels, False)
     product = (qx @ qw.T).double() * sx[:, None] * sw[None, :]
     result = product + b.double()
     return result, 2.0**-24 * (2.01 * product.abs() + result.abs())
@@ -174,12 +174,12 @@ def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
 ) -> None:
     """Every weight and every activation at the top of its range, half of them negative.
-    On the AVX2 route (7-bit activations as bytes q + 64) a pair of products is then
-    2 x 127 x 127 = 32,258, at the edge of `vpmaddubsw`'s 16-bit sum (8-bit ones, q + 128,
-    would saturate at 32,767); on the VNNI route (8-bit) the sums are 32-bit throughout.
-    Either way the sums of K of them are far past 16 bits. The result is the independent
-    integer reference, at the route's activation bits, to the rounding of the float32
-    epilogue. Ragged K and N reach the masked tails."""
+    On the AVX2 route (activations as bytes q + 128 up to 255, 7-bit weights up to 63) a
+    pair of products is then 2 x 255 x 63 = 32,130, at the edge of `vpmaddubsw`'s 16-bit
+    sum (8-bit weights would saturate at 32,767); on the VNNI route (8-bit weights) the
+    sums are 32-bit throughout. Either way the sums of K of them are far past 16 bits. The
+    result is the independent integer reference, at the route's weight bits, to the
+    rounding of the float32 epilogue. Ragged K and N reach the masked tails."""
     kernel = kernel_at(level)
     if not kernel.int8_kernel_available():
         pytest.skip("this CPU has no AVX2")
@@ -195,7 +195,7 @@ def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     assert got[0, 0] > 0.99 * k
 
 
-def test_the_avx2_route_has_7_bit_activations_and_the_vnni_route_8(
+def test_the_avx2_route_has_7_bit_weights_and_the_vnni_route_8(
     kernel_at: Callable[[str], ModuleType],
 ) -> None:
     """Random rows, whose 7-bit and 8-bit quantizations differ: each route's result is
@@ -214,6 +214,22 @@ def test_the_avx2_route_has_7_bit_activations_and_the_vnni_route_8(
             bits[levels] = bool(((got - want).abs() <= bound).all())
         assert bits == {63: not kernel.int8_vnni_available(), 127: kernel.int8_vnni_available()}
     assert not kernel_at("avx2").int8_vnni_available()
+
+
+def test_weights_packed_for_one_int8_route_are_refused_by_the_other(
+    kernel_at: Callable[[str], ModuleType],
+) -> None:
+    """8-bit weights on the AVX2 route would saturate its 16-bit pair sums: a layer packed
+    at one CPU level and called at the other is an error that says so, never a result."""
+    if not kernel_at("native").int8_vnni_available():
+        pytest.skip("this CPU has one int8 route (no AVX-512 VNNI)")
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(24, 40, generator=g), torch.randn(3, 40, generator=g)
+    for packed_at, called_at, route in (("native", "avx2", "VNNI"), ("avx2", "native", "AVX2")):
+        layer = Int8Linear.of(w, None, kernel_at(packed_at))
+        kernel_at(called_at)
+        with pytest.raises(RuntimeError, match=f"packed for the {route} route"):
+            layer(x)
 
 
 @pytest.mark.parametrize(("k", "n"), [(512, 40), (37, 23), (2048, 16)])

@@ -25,9 +25,8 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do): per row in the compiled module's kernel (AVX-512
-  VNNI with 8-bit activations, or AVX2 with 7-bit ones) where the module is loaded, else
-  per call through PyTorch's own quantized kernels (fbgemm or oneDNN). Everything else stays
-  float32.
+  VNNI, or AVX2 with 7-bit weights) where the module is loaded, else per call through
+  PyTorch's own quantized kernels (fbgemm or oneDNN). Everything else stays float32.
 
 Both are core/step_linear.py's `StepLinear`s, so the model's own decoder step calls
 them with its ReLU and residual adds fused. They are this backend's implementations of
@@ -212,9 +211,9 @@ class Int8Linear(DecodeLinear):
     accumulated in int32, returned in float32.
 
     With the compiled module (`kernel`, on a CPU with AVX2 or more) each input row is
-    quantized with its own scale (csrc/int8_linear.cpp: 8 bits with VNNI, 7 on AVX2,
-    whose 16-bit pair sums would saturate with 8): a sentence's result does not depend on
-    the rest of its batch, and there is no fixed cost a call (BENCHMARKS.md). Otherwise
+    quantized to 8 bits with its own scale (csrc/int8_linear.cpp; the weights are 7 bits
+    on AVX2, whose 16-bit pair sums would saturate with 8): a sentence's result does not
+    depend on the rest of its batch, and there is no fixed cost a call (BENCHMARKS.md). Otherwise
     PyTorch's dynamic quantized kernel, which quantizes the whole input with one scale."""
 
     bias: Tensor | None
@@ -317,7 +316,7 @@ class DecodeLinears:
 def implementations() -> list[Implementation]:
     """The linear layers of a model decoding on a CPU, fastest first: in bf16 the module's
     kernel (with oneDNN's for many rows), then oneDNN's alone; in int8 the module's
-    kernel (its VNNI route, else its AVX2 one with 7-bit activations), then
+    kernel (its VNNI route, else its AVX2 one with 7-bit weights), then
     PyTorch's quantized kernels; in fp32, where the level in force is AVX2, the module's
     kernel for few rows, and otherwise core's reference, PyTorch's own product, which
     builds no kernel per shape and is exact."""
@@ -379,7 +378,7 @@ def implementations() -> list[Implementation]:
         ),
         Implementation(
             "linear",
-            "the module's AVX2 kernel (a scale per row, 7-bit activations)",
+            "the module's AVX2 kernel (a scale per row, 7-bit weights)",
             module_refuses("int8_kernel_available", "avx2"),
             lambda target: DecodeLinears(Int8Linear, target.kernel),
             "cpu", training=False, precision="int8",

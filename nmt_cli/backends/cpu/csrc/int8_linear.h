@@ -11,12 +11,13 @@ namespace nmt {
 // Whether int8_linear runs at the CPU level in force: AVX2 or more.
 bool int8_kernel_available();
 
-// Whether it runs its AVX-512 VNNI route, 8-bit activations (otherwise AVX2's, 7-bit).
+// Whether it runs its AVX-512 VNNI route, 8-bit weights (otherwise AVX2's, 7-bit).
 bool int8_vnni_available();
 
 // weight (N, K) float -> (packed int8 (ceil(N/16), ceil(K/4), 16, 4), per-column scale
 // (N) float32, per-column sum of the int8 weights (N) int32). Symmetric, one scale a row
-// of W: max |w| / 127.
+// of W: max |w| / 127 for the VNNI route; max |w| / 63 for the AVX2 route, whose packed
+// weight is viewed (ceil(N/16), ceil(K/4), 2, 8, 4). For the route of the level in force.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight);
 
 // [residual +] [relu](x W^T + bias) for x (..., K) float32: each row of x quantized with
