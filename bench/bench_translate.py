@@ -37,8 +37,11 @@ and each nmt measurement's ratio to its peer. `--rounds N` repeats every run N t
 turn; the tables give medians and each round's ratio (a round's systems ran minutes
 apart). Then the latency of one line at a time (bench_interactive.py for nmt;
 CTranslate2's worker on one core) and the peak resident memory of fresh `nmt translate`
-processes. A precision this nmt refuses fails its run, with nmt's message. `--avx2` runs
-every system as on an AVX2-only AMD CPU (`emulate_avx2`), on a CPU with more.
+processes. A precision this nmt refuses fails its run, with nmt's message. `--emulate
+LEVEL` runs every system as on a CPU of a lower class (`emulate`), on a CPU with more:
+`avx2` an AVX2-only AMD CPU (`--avx2` for short), `avx512` an Intel one with AVX-512 and
+no VNNI (Skylake-SP), `avx512_vnni` one with VNNI and no bf16 units (Cascade Lake, Ice
+Lake).
 """
 
 from __future__ import annotations
@@ -69,20 +72,29 @@ CORPUS = Path(__file__).resolve().parent.parent.parent / "shared/data/multi30k"
 THREAD_VARIABLES = {
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY",
     "GOMP_CPU_AFFINITY", "CT2_USE_EXPERIMENTAL_PACKED_GEMM",
-    # instruction sets capped: another CPU class emulated (--avx2)
+    # instruction sets capped: another CPU class emulated (--emulate)
     "NMT_CPU_LEVEL", "CT2_FORCE_CPU_ISA", "CT2_USE_MKL", "MKL_ENABLE_INSTRUCTIONS",
     "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
 }  # fmt: skip
 
 
-def emulate_avx2() -> None:
-    """Every process of the run as on an AVX2-only AMD CPU: nmt's kernels, PyTorch's
-    libraries and CTranslate2's own code capped at AVX2, and CTranslate2's products on
-    oneDNN (capped too), the backend it takes on any CPU that is not Intel's: it takes
-    MKL only on Intel's."""
-    os.environ.update(
-        NMT_CPU_LEVEL="avx2", CT2_FORCE_CPU_ISA="AVX2", CT2_USE_MKL="0", **torch_environment("avx2")
-    )
+# The CPU classes --emulate stands for, by nmt's level.
+EMULATED = {
+    "avx2": "an AVX2-only AMD CPU",
+    "avx512": "an Intel CPU with AVX-512 and no VNNI (Skylake-SP)",
+    "avx512_vnni": "an Intel CPU with AVX-512 VNNI and no bf16 units (Cascade Lake, Ice Lake)",
+}
+
+
+def emulate(level: str) -> None:
+    """Every process of the run as on the CPU class `level` stands for (EMULATED): nmt's
+    kernels, PyTorch's libraries and CTranslate2's own code capped at the level, and
+    CTranslate2's products on the backend it takes there, capped too: oneDNN on the AMD
+    CPU (it takes MKL only on Intel's), MKL on the Intel ones."""
+    isa = "AVX2" if level == "avx2" else "AVX512"
+    os.environ.update(NMT_CPU_LEVEL=level, CT2_FORCE_CPU_ISA=isa, **torch_environment(level))
+    if level == "avx2":
+        os.environ["CT2_USE_MKL"] = "0"
 
 
 # What each nmt precision is compared with: CTranslate2's nearest compute type.
@@ -438,8 +450,9 @@ def parse_args() -> argparse.Namespace:
         "--quick", action="store_true", help="smoke run: 100 sentences, 30 at batch 1, less memory"
     )
     parser.add_argument(
-        "--avx2", action="store_true", help="every system as on an AVX2-only AMD CPU"
+        "--emulate", choices=sorted(EMULATED), help="every system as on this lower CPU class"
     )
+    parser.add_argument("--avx2", action="store_true", help="short for --emulate avx2")
     args = parser.parse_args()
     if args.test_src is None:
         args.test_src = CORPUS / "test_2016_flickr.en.gz"
@@ -457,7 +470,9 @@ def main() -> None:
     args = parse_args()
     print("command:", shlex.join(["python", *sys.argv]), flush=True)
     if args.avx2:
-        emulate_avx2()
+        args.emulate = "avx2"
+    if args.emulate:
+        emulate(args.emulate)
     lines = read_lines(args.test_src)
     if args.quick:
         lines, args.single, args.interactive_lines = lines[:100], 30, 20
@@ -467,9 +482,9 @@ def main() -> None:
         f"{platform.python_version()}, {versions()}; model {args.model}; {len(lines)} "
         "sentences; beam 4, alpha 0.6, max |src| + 50"
     )
-    if args.avx2:
-        print("note: an AVX2-only AMD CPU emulated: the figures are not this CPU's own")
-    for note in [] if args.avx2 else cpu_notes(args.precisions):
+    if args.emulate:
+        print(f"note: {EMULATED[args.emulate]} emulated: the figures are not this CPU's own")
+    for note in [] if args.emulate else cpu_notes(args.precisions):
         print("note:", note)
     threading = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k in THREAD_VARIABLES]
     print("thread and ISA variables in the environment:", ", ".join(threading) or "none")

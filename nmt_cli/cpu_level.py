@@ -55,7 +55,8 @@ _ONEDNN_ISA = {
     "amx": "AVX512_CORE_AMX",
 }
 _ATEN_CAPABILITY = {"generic": "default", "avx2": "avx2"}  # the rest: "avx512"
-_MKL_INSTRUCTIONS = {"generic": "SSE4_2", "avx2": "AVX2"}  # the rest: "AVX512"
+# MKL's int8 products (CTranslate2's on Intel CPUs) take VNNI only from AVX512_E1 on.
+_MKL_INSTRUCTIONS = {"generic": "SSE4_2", "avx2": "AVX2", "avx512": "AVX512"}  # the rest: E1
 
 # The flags worth showing in a bug report: the ladder's, and the AVX2-class VNNI that int8
 # products use where there is no AVX-512.
@@ -169,7 +170,7 @@ def torch_environment(level: str) -> dict[str, str]:
     return {
         "ONEDNN_MAX_CPU_ISA": _ONEDNN_ISA[level],
         "ATEN_CPU_CAPABILITY": _ATEN_CAPABILITY.get(level, "avx512"),
-        "MKL_ENABLE_INSTRUCTIONS": _MKL_INSTRUCTIONS.get(level, "AVX512"),
+        "MKL_ENABLE_INSTRUCTIONS": _MKL_INSTRUCTIONS.get(level, "AVX512_E1"),
     }
 
 

@@ -7,6 +7,7 @@ Only what the harness reports is checked, never a speed: timing belongs in bench
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -159,3 +160,34 @@ def test_the_command_gets_a_figure_only_for_a_positive_time(
     assert printed in lines
     assert "| CT2 float32 | 12.0 | - | - |  |" in lines and cells in lines
     assert [line for line in lines if line.startswith("| batch 4 |")] == summary
+
+
+EMULATED_ENVIRONMENT = """
+import json, os, sys
+import bench_translate as bench
+for name in ("CT2_USE_MKL", "CT2_FORCE_CPU_ISA", "NMT_CPU_LEVEL"):
+    os.environ.pop(name, None)
+bench.emulate(sys.argv[1])
+print(json.dumps({k: os.environ.get(k) for k in sorted(bench.THREAD_VARIABLES)}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("level", "ct2_isa", "ct2_mkl", "mkl"),
+    [
+        ("avx2", "AVX2", "0", "AVX2"),  # an AMD CPU: CTranslate2 on oneDNN
+        ("avx512", "AVX512", None, "AVX512"),  # Intel's: on MKL, without VNNI
+        ("avx512_vnni", "AVX512", None, "AVX512_E1"),  # with it
+    ],
+)
+def test_each_emulated_cpu_class_caps_every_system_and_picks_ct2s_backend(
+    level: str, ct2_isa: str, ct2_mkl: str | None, mkl: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EMULATED_ENVIRONMENT, level],
+        capture_output=True, text=True, cwd=ROOT / "bench", timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    env = json.loads(done.stdout)
+    assert env["NMT_CPU_LEVEL"] == level and env["CT2_FORCE_CPU_ISA"] == ct2_isa
+    assert env["CT2_USE_MKL"] == ct2_mkl and env["MKL_ENABLE_INSTRUCTIONS"] == mkl

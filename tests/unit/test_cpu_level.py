@@ -67,8 +67,9 @@ def test_the_setting_lowers_the_level_and_never_raises_it(
     [
         ("generic", "SSE41", "default", "SSE4_2"),
         ("avx2", "AVX2", "avx2", "AVX2"),
-        ("avx512_vnni", "AVX512_CORE_VNNI", "avx512", "AVX512"),
-        ("amx", "AVX512_CORE_AMX", "avx512", "AVX512"),
+        ("avx512", "AVX512_CORE", "avx512", "AVX512"),
+        ("avx512_vnni", "AVX512_CORE_VNNI", "avx512", "AVX512_E1"),  # MKL's name for VNNI
+        ("amx", "AVX512_CORE_AMX", "avx512", "AVX512_E1"),
     ],
 )
 def test_each_level_caps_onednn_aten_and_mkl_by_their_own_names(
