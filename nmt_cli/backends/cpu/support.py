@@ -1,9 +1,9 @@
 """What the CPU backend's model-shaped parts implement: one declaration, checked per model.
 
 The packed linear layers and the log-softmax are single operations, right for any model.
-The compiled step (csrc/decoder_step.cpp) and the SlotCache's attention kernel are not:
-they repeat the decoder's structure (post-norm layers, full attention, a ReLU
-feed-forward, the tied projection and its optional bias). Every setting of core's
+The compiled step (csrc/decoder_step.cpp, the encoder's layers too) and the SlotCache's
+attention kernel are not: they repeat the model's structure (post-norm layers, full
+attention, a ReLU feed-forward, the tied projection and its optional bias). Every setting of core's
 `ModelConfig` is therefore declared here with the values they implement, and a model
 whose settings fall outside (a SiLU or GELU feed-forward, a restricted attention
 window, pre-norm layers), or that has a setting this table does not know (one core
@@ -27,7 +27,7 @@ def _any(value: object) -> bool:
 
 # Setting -> whether the compiled step and the attention kernel implement a value of it.
 SUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "encoder_layers": _any,  # the encoder runs in PyTorch
+    "encoder_layers": _any,
     "decoder_layers": _any,
     "d_model": _any,
     "d_ff": _any,
