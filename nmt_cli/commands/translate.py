@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from nmt_cli import collector
 from nmt_cli.commands.common import (
     Verbosity,
     err_console,
@@ -214,7 +215,8 @@ def translate(
         for flag, given in (("--parts", parts), ("--resume", resume), ("-i twice", len(input) > 1)):
             if given:
                 raise UsageError(f"{flag} is for --ray only")
-        from nmt_cli.engines.translate.stream import translate_file
+        with collector.paused():  # the engine's imports, PyTorch's among them
+            from nmt_cli.engines.translate.stream import translate_file
 
         warn_emulated_bf16(cfg.precision, cfg.device)
         report = translate_file(

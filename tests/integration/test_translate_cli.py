@@ -3,6 +3,7 @@ through SentencePiece and back; streaming, odd input, n-best, JSON and errors.""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import multiprocessing
@@ -54,6 +55,18 @@ def run(args: list[str], stdin: bytes | str = b"") -> tuple[int, str, str]:
 
 
 LINES = [*COPY_POOL[:12], "", "red dog", "", *COPY_POOL[12:21]]
+
+
+def test_start_up_is_kept_from_the_collector_which_runs_for_the_work(copier: Path) -> None:
+    """nmt_cli/collector.py: what start-up made (modules, the model) frozen out of the
+    collector's reach, the collector on again for the translating."""
+    gc.unfreeze()
+    try:
+        code, out, err = run(["-m", str(copier), "-q"], "red dog\n")
+        assert code == 0 and out.strip(), err
+        assert gc.isenabled() and gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
 
 
 def test_copy_model_round_trips_raw_text_in_input_order(copier: Path) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from nmt_cli import collector
 from nmt_cli.config import DecodeConfig
 from nmt_cli.engines.translate.chunks import read_chunks
 from nmt_cli.engines.translate.forced_input import ForcedReader, forced_files
@@ -211,7 +212,8 @@ def translate_file(
         if path is not None:
             check_readable(path)
     check_output_path(output, inputs=[*models, input, prefix_file, constraints])
-    translator = Translator.load(models, cfg, alignment_layer, on_compile, on_fallback)
+    with collector.paused():  # start-up (nmt_cli/collector.py)
+        translator = Translator.load(models, cfg, alignment_layer, on_compile, on_fallback)
     room = translator.max_target
     forced = forced_files(
         translator.vocab.tgt, room, prefix, prefix_file, constraints, decoder.decoder
