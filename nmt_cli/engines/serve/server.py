@@ -15,7 +15,6 @@ stops at once.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import signal
@@ -27,6 +26,7 @@ from types import FrameType
 
 import uvicorn
 
+from nmt_cli import collector
 from nmt_cli.config import DecodeConfig
 from nmt_cli.engines.serve.app import Api, create_app
 from nmt_cli.engines.serve.metrics import Metrics
@@ -60,14 +60,14 @@ def serve(
     if config.port:
         _bind(config.host, config.port).close()  # in use? say so before loading
     metrics = Metrics()
-    loaded = load_models(
-        models, pairs, decode, alignment_layer, config, metrics, on_compile, on_fallback
-    )
-    # The models' Python objects (hundreds of thousands) live as long as the server: moved
-    # out of the collector's reach, a full collection no longer walks them, and no longer
-    # pauses the event loop, and every request in flight, for as long as that takes.
-    gc.collect()
-    gc.freeze()
+    # The models' Python objects (hundreds of thousands) live as long as the server: loaded
+    # with the collector paused and then frozen out of its reach (nmt_cli/collector.py), a
+    # full collection never walks them, so never pauses the event loop, and every request
+    # in flight, for as long as that would take.
+    with collector.paused():
+        loaded = load_models(
+            models, pairs, decode, alignment_layer, config, metrics, on_compile, on_fallback
+        )
     try:
         sock = _bind(config.host, config.port)
     except NmtError:
