@@ -1,4 +1,4 @@
-"""Python's cyclic garbage collector kept out of a command's start-up.
+"""Python's cyclic garbage collector kept out of a command's start-up and exit.
 
 Importing PyTorch and loading a model create a few hundred thousand long-lived objects
 (modules, functions, tensors' wrappers) in one burst. The collector counts allocations,
