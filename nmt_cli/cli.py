@@ -17,7 +17,7 @@ import typer
 from typer._click import exceptions as click_errors  # Typer's own copy of click
 from typer.core import TyperGroup
 
-from nmt_cli import __version__, collector
+from nmt_cli import __version__
 from nmt_cli.commands.attention import attention
 from nmt_cli.commands.average import average_checkpoints
 from nmt_cli.commands.common import fail
@@ -128,5 +128,4 @@ app.command("env")(env)
 
 
 def main() -> None:
-    collector.skip_at_exit()
     app()
