@@ -7,6 +7,7 @@ would change one copies it to its own tmp_path first (tests/fixtures/files.py ch
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 from collections.abc import Iterator
 from functools import cache
@@ -115,3 +116,13 @@ def random_ckpt_of(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RandomC
 
 def replace(cfg: ModelConfig, **changes: object) -> ModelConfig:
     return dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture(autouse=True)
+def _collector_within_reach() -> Iterator[None]:
+    """A command run in this process (CliRunner) freezes what exists once it has loaded
+    (nmt_cli/collector.py), as a command's own process would until it exits. Each test
+    hands it back, so that the next one finds the collector, and what walks its objects
+    (`gc.get_referrers`), as a fresh process would."""
+    yield
+    gc.unfreeze()
