@@ -3,12 +3,12 @@
 The packed linear layers and the log-softmax are single operations, right for any model.
 The compiled step (csrc/decoder_step.cpp, the encoder's layers too) and the SlotCache's
 attention kernel are not: they repeat the model's structure (post-norm layers, full
-attention, a ReLU feed-forward, the tied projection and its optional bias). Every setting of core's
-`ModelConfig` is therefore declared here with the values they implement, and a model
-whose settings fall outside (a SiLU or GELU feed-forward, a restricted attention
-window, pre-norm layers), or that has a setting this table does not know (one core
-gains later), decodes on the reference step, with one notice, instead of silently
-computing another model.
+attention, a ReLU feed-forward, the tied projection and its optional bias). Every
+setting of core's `ModelConfig` is therefore declared here with the values they
+implement, and a model whose settings fall outside (a SiLU or GELU feed-forward, a
+restricted attention window, pre-norm layers), or that has a setting this table does
+not know (one core gains later), decodes on the reference step, with one notice,
+instead of silently computing another model.
 """
 
 from __future__ import annotations
