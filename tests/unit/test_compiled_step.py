@@ -112,7 +112,7 @@ def test_the_few_row_bf16_kernel_computes_the_fused_products(
     assert three_d.shape == (1, rows, n) and torch.equal(three_d[0], packed(x))
 
 
-@pytest.mark.parametrize("level", ["native", "avx2"])
+@pytest.mark.parametrize("level", ["native", "avx512", "avx2"])
 @pytest.mark.parametrize("rows", [1, 4, 70])
 @pytest.mark.parametrize(("k", "n"), [(32, 48), (30, 50), (1024, 8)])
 def test_the_int8_kernel_quantizes_each_row_on_its_own(
@@ -168,7 +168,7 @@ def _int8_reference(x: Tensor, w: Tensor, b: Tensor, levels: int) -> tuple[Tenso
     return result, 2.0**-24 * (2.01 * product.abs() + result.abs())
 
 
-@pytest.mark.parametrize("level", ["native", "avx2"])
+@pytest.mark.parametrize("level", ["native", "avx512", "avx2"])
 @pytest.mark.parametrize(("rows", "k", "n"), [(1, 512, 512), (5, 37, 23), (9, 2048, 40)])
 def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
@@ -203,7 +203,7 @@ def test_the_avx2_route_has_7_bit_weights_and_the_vnni_route_8(
     g = torch.Generator().manual_seed(9)
     w, b = torch.randn(70, 300, generator=g), torch.randn(70, generator=g)
     x = torch.randn(13, 300, generator=g)
-    for level in ("native", "avx2"):
+    for level in ("native", "avx512", "avx2"):  # VNNI; AVX-512BW alone; AVX2
         kernel = kernel_at(level)
         if not kernel.int8_kernel_available():
             pytest.skip("this CPU has no AVX2")

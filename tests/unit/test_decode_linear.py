@@ -134,7 +134,7 @@ def _arithmetic_bound(
     return bound + terms
 
 
-@pytest.mark.parametrize("level", ["native", "avx2"])
+@pytest.mark.parametrize("level", ["native", "avx512", "avx2"])
 def test_each_implementation_equals_the_reference_within_its_arithmetic(
     kernel_at: Callable[[str], ModuleType], level: str
 ) -> None:

@@ -25,8 +25,9 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do): per row in the compiled module's kernel (AVX-512
-  VNNI, or AVX2 with 7-bit weights) where the module is loaded, else per call through
-  PyTorch's own quantized kernels (fbgemm or oneDNN). Everything else stays float32.
+  VNNI, else AVX-512BW or AVX2 with 7-bit weights) where the module is loaded, else per
+  call through PyTorch's own quantized kernels (fbgemm or oneDNN). Everything else stays
+  float32.
 
 Both are core/step_linear.py's `StepLinear`s, so the model's own decoder step calls
 them with its ReLU and residual adds fused. They are this backend's implementations of
@@ -316,7 +317,7 @@ class DecodeLinears:
 def implementations() -> list[Implementation]:
     """The linear layers of a model decoding on a CPU, fastest first: in bf16 the module's
     kernel (with oneDNN's for many rows), then oneDNN's alone; in int8 the module's
-    kernel (its VNNI route, else its AVX2 one with 7-bit weights), then
+    kernel (its VNNI route, else its AVX-512BW or AVX2 one with 7-bit weights), then
     PyTorch's quantized kernels; in fp32, where the level in force is AVX2, the module's
     kernel for few rows, and otherwise core's reference, PyTorch's own product, which
     builds no kernel per shape and is exact."""
@@ -378,7 +379,7 @@ def implementations() -> list[Implementation]:
         ),
         Implementation(
             "linear",
-            "the module's AVX2 kernel (a scale per row, 7-bit weights)",
+            "the module's AVX-512BW or AVX2 kernel (a scale per row, 7-bit weights)",
             module_refuses("int8_kernel_available", "avx2"),
             lambda target: DecodeLinears(Int8Linear, target.kernel),
             "cpu", training=False, precision="int8",
