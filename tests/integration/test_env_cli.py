@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from nmt_cli import cpu_level
 from nmt_cli.backends.cpu.build import CompileError, load_kernel
+from nmt_cli.backends.cpu.linear import mkl_tuned
 from nmt_cli.cli import app
 
 runner = CliRunner()
@@ -56,8 +57,9 @@ def test_the_report_names_the_versions_the_cpu_and_what_auto_picks(
     fp32 = data["decoding on the CPU in fp32"]
     chosen = fp32["linear"].split(" (not ")[0]  # the module's from AVX2 up, else PyTorch's
     avx2 = cpu_level.at_least("avx2")
+    more = "PyTorch's product" if mkl_tuned() else "oneDNN's packed fp32"  # Intel's: MKL's
     assert chosen == (
-        "the module's AVX2 fp32 kernel for few rows, PyTorch's product for more"
+        f"the module's AVX2 fp32 kernel for few rows, {more} for more"
         if avx2
         else "core's reference (PyTorch operations)"
     )

@@ -19,6 +19,7 @@ import torch
 from typer.testing import CliRunner
 from unix_helpers import error_line, no_escape
 
+from nmt_cli.backends.cpu.linear import Fp32OnednnLinear, mkl_tuned
 from nmt_cli.cli import app
 from nmt_cli.config import DecodeConfig
 from nmt_cli.core.checkpoint import load_checkpoint
@@ -220,9 +221,11 @@ def test_verbose_says_how_each_operation_runs(copier: Path) -> None:
     assert code == 0 and out.strip()
     plan = [line.removeprefix("plan: ") for line in err.splitlines() if line.startswith("plan: ")]
     assert "attention: PyTorch's fused kernels" in plan
-    # fp32: the module's few-row kernel wherever AVX2 is in force, PyTorch's products below
+    # fp32: the module's few-row kernel wherever AVX2 is in force (above its rows MKL's
+    # products on Intel's CPUs, oneDNN's on others), PyTorch's products below
     reference = "linear: core's reference (PyTorch operations) (not the module's AVX2 fp32"
-    avx2 = "linear: the module's AVX2 fp32 kernel for few rows, PyTorch's product for more"
+    more = "PyTorch's product" if mkl_tuned() else "oneDNN's packed fp32"
+    avx2 = f"linear: the module's AVX2 fp32 kernel for few rows, {more} for more"
     assert any(line.startswith(avx2 if at_least("avx2") else reference) for line in plan)
     assert any(line.startswith("decoder step: ") for line in plan)
     _, _, quiet_err = run(["-m", str(copier), "--precision", "fp32"], "a b\n")
@@ -233,9 +236,13 @@ def test_batch_size_defaults_to_64_sentences_on_a_cpu(copier: Path) -> None:
     ckpt = load_checkpoint(copier)
     auto = Translator.from_checkpoint(ckpt, DecodeConfig(precision="fp32"))
     assert auto.batch_sentences == 64
-    # fp32 keeps exactly the open sentences as they finish (no kernel built per shape)
+    # fp32 keeps exactly the open sentences as they finish (no kernel built per shape),
+    # up to the module kernel's rows where oneDNN's products take more (CPUs not Intel's)
     beam = auto.cfg.beam_size
-    assert auto.model.slots(9, beam) == 9 and auto.model.slots(61, beam) == 61
+    if isinstance(auto.model.projection, Fp32OnednnLinear):
+        assert auto.model.slots(8, beam) == 8 and auto.model.slots(9, beam) == 16
+    else:
+        assert auto.model.slots(9, beam) == 9 and auto.model.slots(61, beam) == 61
     # bf16 on oneDNN alone keeps its few shapes: 2 finished sentences ride along as filler
     onednn = Translator.from_checkpoint(ckpt, DecodeConfig(precision="bf16", compiled_step=False))
     assert onednn.model.slots(9, beam) == 16

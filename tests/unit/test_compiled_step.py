@@ -24,10 +24,12 @@ from reverser import reverse_batch
 from torch import Tensor
 
 from nmt_cli.backends.cpu import build
+from nmt_cli.backends.cpu import linear as cpu_linear
 from nmt_cli.backends.cpu.build import CompileError
 from nmt_cli.backends.cpu.decoder import CpuDecoder, kernel_advance
 from nmt_cli.backends.cpu.linear import (
     Fp32Linear,
+    Fp32OnednnLinear,
     Int8Linear,
     PackedLinear,
     packed_bf16_available,
@@ -266,6 +268,36 @@ def test_the_fp32_kernel_is_the_exact_product_to_k_roundings_and_alike_in_any_ba
     assert torch.equal(layer.add(many, residual), residual + product)
 
 
+@pytest.mark.parametrize(("k", "n"), [(512, 40), (37, 23)])
+def test_onednns_fp32_products_of_many_rows_are_exact_to_k_roundings(
+    kernel_at: Callable[[str], ModuleType], k: int, n: int
+) -> None:
+    """Fp32OnednnLinear (CPUs not Intel's): up to the kernel's rows the kernel's results,
+    bit for bit; above them oneDNN's packed product with the bias, ReLU or residual fused,
+    within K + 2 roundings of 2^-24 of |x| |W|^T + |b| (+ |r|) of float64's."""
+    kernel = kernel_at("avx2")
+    if not kernel.fp32_kernel_available() or not torch.backends.mkldnn.is_available():
+        pytest.skip("this CPU has no AVX2, or this PyTorch no oneDNN")
+    g = torch.Generator().manual_seed(k * n)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    layer, plain = Fp32OnednnLinear.of(w, b, kernel), Fp32Linear.of(w, b, kernel)
+    assert layer.weight.is_mkldnn
+    few = torch.randn(kernel.fp32_kernel_rows(), k, generator=g)
+    assert torch.equal(layer(few), plain(few))
+    rows = kernel.fp32_kernel_rows() * 4 + 3
+    x, r = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
+    exact = x.double() @ w.double().T + b.double()
+    size = x.double().abs() @ w.double().abs().T + b.double().abs()
+    for got, want, scale in (
+        (layer(x), exact, size),
+        (layer.relu(x), exact.clamp(min=0), size),
+        (layer.add(x, r), exact + r.double(), size + r.double().abs()),
+    ):
+        assert got.shape == want.shape and got.dtype == torch.float32
+        assert ((got.double() - want).abs() <= (k + 2) * 2.0**-24 * scale).all()
+    assert layer.shape_free_rows() == kernel.fp32_kernel_rows()
+
+
 @pytest.mark.parametrize("level", ["native", "avx2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(4, 8000), (3, 37), (1, 5)])
@@ -320,9 +352,11 @@ def test_a_decoder_says_up_to_how_many_rows_no_product_builds_a_kernel(
     kernel: ModuleType,
 ) -> None:
     """Beam search keeps finished sentences as filler only above these rows (`slots`):
-    fp32 and the int8 kernel build no kernel per shape, oneDNN's bf16 products one per
-    shape, the module's bf16 kernel none up to its rows."""
-    assert decode_model("fp32", kernel).shape_free_rows() == math.inf
+    fp32 on MKL and the int8 kernel build no kernel per shape, oneDNN's bf16 and fp32
+    products one per shape, the module's bf16 and fp32 kernels none up to their rows."""
+    fp32 = decode_model("fp32", kernel)
+    on_onednn = isinstance(fp32.projection, Fp32OnednnLinear)
+    assert fp32.shape_free_rows() == (kernel.fp32_kernel_rows() if on_onednn else math.inf)
     assert decode_model("bf16").shape_free_rows() == 0  # oneDNN's packed products only
     if kernel.int8_kernel_available():
         assert decode_model("int8", kernel).shape_free_rows() == math.inf
@@ -487,10 +521,24 @@ def _steps_agree(model: CpuDecoder) -> None:
         model.step = step
 
 
+def _onednn_fp32(precision: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """ "fp32 on oneDNN": fp32 with the plan of a CPU that is not Intel's, whose layers
+    take oneDNN's products above the kernel's rows (Fp32OnednnLinear)."""
+    if precision != "fp32 on oneDNN":
+        return precision
+    monkeypatch.setattr(cpu_linear, "mkl_tuned", lambda *_: False)
+    return "fp32"
+
+
 @pytest.mark.parametrize("level", ["native", "avx2"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int8 without VNNI"])
+@pytest.mark.parametrize(
+    "precision", ["fp32", "fp32 on oneDNN", "bf16", "int8", "int8 without VNNI"]
+)
 def test_each_step_and_its_cache_equal_the_python_step(
-    kernel_at: Callable[[str], ModuleType], precision: str, level: str
+    kernel_at: Callable[[str], ModuleType],
+    precision: str,
+    level: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With "int8 without VNNI" the layers are on PyTorch's quantized kernels, as on CPUs
     whose int8 the module cannot run, called from the compiled step through the
@@ -499,6 +547,7 @@ def test_each_step_and_its_cache_equal_the_python_step(
     else over the DecoderCache. At the AVX2 level none of the module's AVX-512 kernels
     runs: the step calls their AVX2 forms or PyTorch's."""
     kernel = kernel_at(level)
+    precision = _onednn_fp32(precision, monkeypatch)
     if precision == "int8 without VNNI":
         model = wrap(random_model(), "int8", None)
         model = CpuDecoder(model.model, model.projection, kernel)
@@ -517,18 +566,27 @@ def test_each_step_and_its_cache_equal_the_python_step(
 
 
 @pytest.mark.parametrize("level", ["native", "avx2"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "fp32 on oneDNN", "bf16", "int8"])
 def test_the_compiled_encoder_and_cross_cache_equal_pythons(
-    kernel_at: Callable[[str], ModuleType], precision: str, level: str
+    kernel_at: Callable[[str], ModuleType],
+    precision: str,
+    level: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With PyTorch's fused attention in the encoder (what the CPU plan gives decoding),
     the compiled encoder's output over padded sources, and the cross-attention keys,
     values and padding bias it stores in a SlotCache, equal the Python encoder's and
     `store_memory`'s bit for bit. With core's reference attention (the other tests'
-    models) the encoder stays in Python: the C++ side calls the fused kernel."""
+    models) the encoder stays in Python: the C++ side calls the fused kernel. The
+    sources are 36 tokens: more rows than the fp32 kernel takes, so "fp32 on oneDNN"
+    runs oneDNN's products on both sides."""
     kernel = kernel_at(level)
+    onednn = precision == "fp32 on oneDNN"
+    precision = _onednn_fp32(precision, monkeypatch)
     fused = fused_attention_under("auto")
     model = decode_model(precision, kernel, compiled=True, attention=fused)
+    if onednn and kernel.fp32_kernel_available():
+        assert isinstance(model.projection, Fp32OnednnLinear)
     assert model.compiled_encoder
     assert not decode_model(precision, kernel, compiled=True).compiled_encoder
     src = _sources()
@@ -560,7 +618,9 @@ def test_a_change_to_the_python_encoder_alone_is_caught(
     original = FeedForward.hidden
     monkeypatch.setattr(FeedForward, "hidden", lambda self, x: original(self, x) * 1.001)
     with pytest.raises(AssertionError):
-        test_the_compiled_encoder_and_cross_cache_equal_pythons(lambda _: kernel, "fp32", "native")
+        test_the_compiled_encoder_and_cross_cache_equal_pythons(
+            lambda _: kernel, "fp32", "native", monkeypatch
+        )
 
 
 def test_a_change_to_the_python_step_alone_is_caught(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -25,8 +26,10 @@ from nmt_cli.backends.cpu.linear import (
     DecodeLinear,
     DecodeLinears,
     Fp32Linear,
+    Fp32OnednnLinear,
     Int8Linear,
     PackedLinear,
+    mkl_tuned,
     packed_bf16_available,
 )
 from nmt_cli.backends.machine import machine_plan
@@ -189,12 +192,28 @@ def test_fp32_decoding_takes_the_modules_products_wherever_avx2_runs(
     chosen = machine_plan(target)
     decoder = wrap(random_model(), "fp32", kernel)
     if kernel.cpu_level() >= LEVELS.index("avx2"):
-        assert chosen.operations.linear == DecodeLinears(Fp32Linear, kernel)
-        assert isinstance(decoder.projection, Fp32Linear)
+        # above the kernel's rows MKL's products on Intel's CPUs, oneDNN's on others
+        layer = Fp32Linear if mkl_tuned() else Fp32OnednnLinear
+        assert chosen.operations.linear == DecodeLinears(layer, kernel)
+        assert type(decoder.projection) is layer
         assert decoder.own_arithmetic is kernel
     else:
         assert "it needs the CPU level avx2" in chosen.choice("linear").describe()
         assert decoder.projection is None and decoder.own_arithmetic is None
+
+
+@pytest.mark.parametrize(
+    ("vendor", "tuned"), [("GenuineIntel", True), ("AuthenticAMD", False), (None, True)]
+)
+def test_mkls_products_are_chosen_on_intels_cpus_only(
+    tmp_path: Path, vendor: str | None, tuned: bool
+) -> None:
+    """The maker read from the CPU's description; unreadable, PyTorch's own (MKL's)."""
+    cpuinfo = tmp_path / "cpuinfo"
+    maker = "" if vendor is None else f"vendor_id\t: {vendor}\n"
+    cpuinfo.write_text(f"processor\t: 0\n{maker}flags\t\t: fpu avx2 fma\n")
+    assert mkl_tuned(cpuinfo) is tuned
+    assert mkl_tuned(tmp_path / "missing") is True
 
 
 def _module_types(model: nn.Module) -> dict[str, type]:

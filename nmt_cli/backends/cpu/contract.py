@@ -32,8 +32,9 @@ class PlainLinearSpec:
 
 @dataclass(frozen=True)
 class Fp32RowsSpec:
-    """backends/cpu/linear.py's Fp32Linear: the weight as it is (PyTorch's product for many
-    rows) and the module's layout of it (its AVX2 kernel for few)."""
+    """backends/cpu/linear.py's Fp32Linear: the weight for many rows (as it is for PyTorch's
+    product, or in oneDNN's layout for its own) and the module's layout of it (its AVX2
+    kernel for few)."""
 
     kind: ClassVar[str] = "fp32_rows"
     weight: Tensor

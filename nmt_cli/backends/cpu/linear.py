@@ -19,9 +19,11 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   arithmetic (1.2-2.1x faster than MKL's at 4 rows on AVX2, 1.1-1.2x at 16; on a
   Sapphire Rapids, MKL's AVX-512 products made a one-sentence step a third slower);
   more rows take PyTorch's product, then the bias, ReLU and residual in one pass
-  (BENCHMARKS.md). Its sums run in order of K, so an fp32 model
-  decodes within float32's rounding of PyTorch's product, not bit for bit (without the
-  compiled module, or below AVX2, it decodes on PyTorch's products, exactly).
+  (BENCHMARKS.md), or, on CPUs not Intel's, oneDNN's packed product with them fused
+  (`Fp32OnednnLinear`: MKL's products are slower there). Its sums run in order of K,
+  so an fp32 model decodes within float32's rounding of PyTorch's product, not bit for
+  bit (without the compiled module, or below AVX2, it decodes on PyTorch's products,
+  exactly).
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do): per row in the compiled module's kernel (AVX-512
@@ -55,7 +57,7 @@ from torch import Tensor
 
 from nmt_cli.backends.plan import Implementation, Target
 from nmt_cli.core.step_linear import StepLinear
-from nmt_cli.cpu_level import cpu_flags, cpu_level
+from nmt_cli.cpu_level import cpu_flags, cpu_level, cpuinfo_field
 from nmt_cli.errors import NmtError
 
 
@@ -151,6 +153,24 @@ class Fp32Linear(DecodeLinear):
     def shape_free_rows(self) -> float:
         """Neither the kernel nor PyTorch's float32 product builds a kernel per shape."""
         return math.inf
+
+
+class Fp32OnednnLinear(Fp32Linear):
+    """Fp32Linear whose products above the kernel's rows are oneDNN's, on the weight
+    reordered once into oneDNN's layout in place of the plain one (no more memory): on
+    CPUs whose maker is not Intel, MKL's products are not the fastest there. On a Zen 1
+    EPYC (AVX2) oneDNN's packed products of 128-512 rows at a decoder step's shapes ran
+    1.04-1.31x MKL's (BENCHMARKS.md). Its sums split K its own way: within float32's
+    rounding of PyTorch's product, as the kernel's are."""
+
+    def load(self, weight: Tensor, bias: Tensor | None) -> None:
+        super().load(weight, bias)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+
+    def shape_free_rows(self) -> float:
+        """oneDNN builds a kernel per shape above the module kernel's rows."""
+        assert self.kernel is not None
+        return float(self.kernel.fp32_kernel_rows())
 
 
 class PackedLinear(DecodeLinear):
@@ -280,6 +300,14 @@ def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return bool({"avx512_vnni", "avx_vnni"} & cpu_flags(cpuinfo))
 
 
+def mkl_tuned(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether MKL's float32 products are the fast ones here: on Intel's CPUs. Elsewhere
+    (AMD's) oneDNN's packed products beat them (`Fp32OnednnLinear`). Where the maker cannot
+    be read, MKL's, which PyTorch calls anyway."""
+    vendor = cpuinfo_field("vendor_id", cpuinfo)
+    return vendor in ("", "GenuineIntel")
+
+
 def int8_available() -> bool:
     """Whether this PyTorch build has a CPU engine for quantized linear layers."""
     engines = set(torch.backends.quantized.supported_engines)
@@ -319,8 +347,9 @@ def implementations() -> list[Implementation]:
     kernel (with oneDNN's for many rows), then oneDNN's alone; in int8 the module's
     kernel (its VNNI route, else its AVX-512BW or AVX2 one with 7-bit weights), then
     PyTorch's quantized kernels; in fp32, where the level in force is AVX2, the module's
-    kernel for few rows, and otherwise core's reference, PyTorch's own product, which
-    builds no kernel per shape and is exact."""
+    kernel for few rows (with oneDNN's products for more on CPUs not Intel's, MKL's on
+    Intel's), and otherwise core's reference, PyTorch's own product, which builds no kernel
+    per shape and is exact."""
 
     def onednn_refuses(target: Target) -> str | None:
         if packed_bf16_available():
@@ -346,9 +375,24 @@ def implementations() -> list[Implementation]:
             raise NmtError("--precision int8: this PyTorch build has no quantized CPU kernels")
         return DecodeLinears(Int8Linear)
 
+    def module_onednn_fp32_refuses(target: Target) -> str | None:
+        module = module_refuses("fp32_kernel_available", "avx2")(target)
+        if module is not None:
+            return module
+        if not torch.backends.mkldnn.is_available():
+            return "this PyTorch build has no oneDNN"
+        return "MKL's products are the faster on Intel's CPUs" if mkl_tuned() else None
+
     bits = "8-bit" if cpu_has_vnni() else "7-bit"
     engine = torch.backends.quantized.engine
     return [
+        Implementation(
+            "linear",
+            "the module's AVX2 fp32 kernel for few rows, oneDNN's packed fp32 for more",
+            module_onednn_fp32_refuses,
+            lambda target: DecodeLinears(Fp32OnednnLinear, target.kernel),
+            "cpu", training=False, precision="fp32",
+        ),
         Implementation(
             "linear",
             "the module's AVX2 fp32 kernel for few rows, PyTorch's product for more",

@@ -11,6 +11,7 @@
 // the bound of K roundings, not bit for bit.
 #include "fp32_linear.h"
 #include "cpu_level.h"
+#include "bf16_linear.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -206,6 +207,7 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const at::
   if (m > 0 && m <= kFp32KernelRows && fp32_kernel_available()) {
     return fp32_linear(x, packed, n, bias, residual, relu);
   }
+  if (weight.is_mkldnn()) return packed_linear(x, weight, std::nullopt, n, bias, residual, relu);
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
                   weight.is_contiguous() && (!bias.has_value() || bias->is_contiguous()),
               "rows_linear: float32 operands, a contiguous weight and bias");

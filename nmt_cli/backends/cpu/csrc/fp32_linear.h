@@ -22,8 +22,10 @@ at::Tensor fp32_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
 
 // The fp32 layer of backends/cpu/linear.py's Fp32Linear: [residual +] [relu](x W^T + b)
 // for x (..., K). Up to kFp32KernelRows rows (where the kernel runs) fp32_linear with W
-// packed (`packed`), else PyTorch's product with W as it is (`weight`): from a few tens
-// of rows MKL's blocking is faster (BENCHMARKS.md).
+// packed (`packed`), else the product of `weight`: oneDNN's where it is oneDNN's packed
+// layout (an mkldnn tensor: on CPUs where MKL's products are not the faster), PyTorch's
+// (MKL's) where it is W as it is. From a few tens of rows their blocking is faster than
+// the kernel's (BENCHMARKS.md).
 constexpr int64_t kFp32KernelRows = 32;
 at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& packed,
                        const std::optional<at::Tensor>& bias,
