@@ -79,24 +79,30 @@ def main() -> None:
     events = prof.key_averages()
     steps //= 2  # the same sentences were decoded twice
     seen_us = sum(e.self_cpu_time_total for e in events)
+    # Where the compiled step runs a sentence's whole search in one call (batch 1), the
+    # model sees no step: the figures are per sentence, the compiled kernels' operators
+    # still listed under their names.
+    unit, units = ("step", steps) if steps else ("sentence", len(lines))
     print(
         f"{len(lines)} sentences, {args.precision}, batch {args.batch}, beam 4, 1 thread: "
-        f"{steps} steps, {wall / steps * 1e3:.3f} ms a step unprofiled "
+        f"{steps} steps seen, {wall / units * 1e3:.3f} ms a {unit} unprofiled "
         f"({len(lines) / wall:.1f} sentences/s)"
     )
-    if args.batch == 1:  # at batch 1 every step belongs to the one sentence
+    if args.batch == 1 and steps:  # at batch 1 every step belongs to the one sentence
         print(
             f"{steps / produced:.2f} steps per output token (EOS included): the exact "
             "stopping bound's extra steps"
         )
-    print(f"operators seen by the profiler: {seen_us / steps / 1e3:.3f} ms a step")
-    print(f"{'operator':<36}{'calls/step':>11}{'us/step':>10}{'share':>8}")
+    if not steps:
+        print("each sentence's search ran in one compiled call: figures per sentence")
+    print(f"operators seen by the profiler: {seen_us / units / 1e3:.3f} ms a {unit}")
+    print(f"{'operator':<36}{'calls/' + unit:>13}{'us/' + unit:>12}{'share':>8}")
     for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[: args.top]:
-        per_step = e.self_cpu_time_total / steps
+        per_unit = e.self_cpu_time_total / units
         share = e.self_cpu_time_total / seen_us
-        print(f"{e.key:<36}{e.count / steps:>11.1f}{per_step:>10.1f}{share:>8.1%}")
-    calls = sum(e.count for e in events) / steps
-    print(f"all operators: {calls:.0f} calls a step")
+        print(f"{e.key:<36}{e.count / units:>13.1f}{per_unit:>12.1f}{share:>8.1%}")
+    calls = sum(e.count for e in events) / units
+    print(f"all operators: {calls:.0f} calls a {unit}")
 
 
 if __name__ == "__main__":
