@@ -234,6 +234,23 @@ def test_weights_packed_for_one_int8_route_are_refused_by_the_other(
             layer(x)
 
 
+def _fused_forms_within_k_roundings(
+    layer: Fp32Linear, x: Tensor, r: Tensor, w: Tensor, b: Tensor
+) -> None:
+    """x W^T + b, its ReLU and r + it by `layer`, each within K + 2 roundings of 2^-24 of
+    |x| |W|^T + |b| (+ |r|) of float64's, in float32 and of its shape."""
+    k = w.size(1)
+    exact = x.double() @ w.double().T + b.double()
+    size = x.double().abs() @ w.double().abs().T + b.double().abs()
+    for got, want, scale in (
+        (layer(x), exact, size),
+        (layer.relu(x), exact.clamp(min=0), size),
+        (layer.add(x, r), exact + r.double(), size + r.double().abs()),
+    ):
+        assert got.shape == want.shape and got.dtype == torch.float32
+        assert ((got.double() - want).abs() <= (k + 2) * 2.0**-24 * scale).all()
+
+
 @pytest.mark.parametrize(("k", "n"), [(512, 40), (37, 23), (2048, 16)])
 def test_the_fp32_kernel_is_the_exact_product_to_k_roundings_and_alike_in_any_batch(
     kernel_at: Callable[[str], ModuleType], k: int, n: int
@@ -249,14 +266,7 @@ def test_the_fp32_kernel_is_the_exact_product_to_k_roundings_and_alike_in_any_ba
     w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
     x, r = torch.randn(7, k, generator=g), torch.randn(7, n, generator=g)
     layer = Fp32Linear.of(w, b, kernel)
-    exact = x.double() @ w.double().T + b.double()
-    size = x.double().abs() @ w.double().abs().T + b.double().abs()
-    for got, want, scale in (
-        (layer(x), exact, size),
-        (layer.relu(x), exact.clamp(min=0), size),
-        (layer.add(x, r), exact + r.double(), size + r.double().abs()),
-    ):
-        assert ((got.double() - want).abs() <= (k + 2) * 2.0**-24 * scale).all()
+    _fused_forms_within_k_roundings(layer, x, r, w, b)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(7)])
     assert all(torch.equal(layer(x[:rows]), alone[:rows]) for rows in range(1, 8))
     assert torch.equal(layer(x), alone)
@@ -286,15 +296,7 @@ def test_onednns_fp32_products_of_many_rows_are_exact_to_k_roundings(
     assert torch.equal(layer(few), plain(few))
     rows = kernel.fp32_kernel_rows() * 4 + 3
     x, r = torch.randn(rows, k, generator=g), torch.randn(rows, n, generator=g)
-    exact = x.double() @ w.double().T + b.double()
-    size = x.double().abs() @ w.double().abs().T + b.double().abs()
-    for got, want, scale in (
-        (layer(x), exact, size),
-        (layer.relu(x), exact.clamp(min=0), size),
-        (layer.add(x, r), exact + r.double(), size + r.double().abs()),
-    ):
-        assert got.shape == want.shape and got.dtype == torch.float32
-        assert ((got.double() - want).abs() <= (k + 2) * 2.0**-24 * scale).all()
+    _fused_forms_within_k_roundings(layer, x, r, w, b)
     assert layer.shape_free_rows() == kernel.fp32_kernel_rows()
 
 
