@@ -157,11 +157,12 @@ class Fp32Linear(DecodeLinear):
 
 class Fp32OnednnLinear(Fp32Linear):
     """Fp32Linear whose products above the kernel's rows are oneDNN's, on the weight
-    reordered once into oneDNN's layout in place of the plain one (no more memory): on
-    CPUs whose maker is not Intel, MKL's products are not the fastest there. On a Zen 1
-    EPYC (AVX2) oneDNN's packed products of 128-512 rows at a decoder step's shapes ran
-    1.04-1.31x MKL's (BENCHMARKS.md). Its sums split K its own way: within float32's
-    rounding of PyTorch's product, as the kernel's are."""
+    reordered once into oneDNN's layout in place of the plain one (no more memory, but
+    for a tied output projection: the embedding keeps its own). For CPUs not made by
+    Intel, for which MKL's products are not tuned: on a Zen 1 EPYC (AVX2) oneDNN's
+    packed products of 128-512 rows at a decoder step's shapes ran 1.04-1.31x MKL's
+    (BENCHMARKS.md). Its sums split K its own way: within float32's rounding of
+    PyTorch's product, as the kernel's are."""
 
     def load(self, weight: Tensor, bias: Tensor | None) -> None:
         super().load(weight, bias)
