@@ -121,10 +121,10 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
 ) -> None:
     """Close to the float product, the same for a row whatever the other rows hold, and
-    the ReLU and residual forms fused; on the VNNI route (8-bit weights) and the AVX2 one
-    (7-bit). "Close": within twice the relative error rounding to the grids predicts,
-    uniform noise of a twelfth of a step squared on each operand (about 1.1% with 8-bit
-    weights here, 1.7% with 7)."""
+    the ReLU and residual forms fused; on each route's grids (`_int8_grids`). "Close":
+    within twice the relative error rounding to the grids predicts, uniform noise of a
+    twelfth of a step squared on each operand (about 1.1% with 8 bits on both here, 1.4%
+    with 7-bit weights, 1.7% with 7 bits on both)."""
     kernel = kernel_at(level)
     if not kernel.int8_kernel_available():
         pytest.skip("this CPU has no AVX2")
@@ -135,12 +135,12 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     exact = x @ w.T + b
     y = layer(x)
     assert y.dtype == torch.float32 and y.shape == (rows, n)
-    levels = 127 if kernel.int8_vnni_available() else 63
+    x_levels, w_levels = _int8_grids(kernel)
 
     def noise(t: Tensor, levels: int) -> float:  # relative: grid step / sqrt(12) / rms
         return float(t.abs().amax() / levels / 12**0.5 / t.pow(2).mean().sqrt())
 
-    predicted = (noise(x, 127) ** 2 + noise(w, levels) ** 2) ** 0.5
+    predicted = (noise(x, x_levels) ** 2 + noise(w, w_levels) ** 2) ** 0.5
     assert ((y - exact).norm() / (exact - b).norm()) < 2 * predicted
     assert torch.equal(layer.relu(x), y.clamp(min=0))
     assert torch.allclose(layer.add(x, r), y + r, atol=1e-5)
@@ -149,10 +149,23 @@ def test_the_int8_kernel_quantizes_each_row_on_its_own(
     assert torch.equal(layer(louder)[0], y[0])
 
 
-def _int8_reference(x: Tensor, w: Tensor, b: Tensor, levels: int) -> tuple[Tensor, Tensor]:
+def _int8_grids(kernel: ModuleType) -> tuple[int, int]:
+    """The levels a side of zero of the int8 route at the module's level in force, for
+    the activations and the weights, as int8_linear.cpp defines its routes: VNNI 8 bits
+    and 8; AVX-512BW (no VNNI) 8 and 7, so that a pair of products fits 16 bits; AVX2 7
+    and 7, so that two pairs do."""
+    level = kernel.cpu_level()
+    if level >= LEVELS.index("avx512_vnni"):
+        return 127, 127
+    return (127, 63) if level >= LEVELS.index("avx512") else (63, 63)
+
+
+def _int8_reference(
+    x: Tensor, w: Tensor, b: Tensor, x_levels: int, w_levels: int
+) -> tuple[Tensor, Tensor]:
     """x W^T + b as the int8 kernel defines it, computed apart from it: each row of W
-    quantized symmetrically to `levels` a side (w / scale, as the weights are packed) and
-    each row of x to 127 (x times 1 / scale, as each call quantizes its input),
+    quantized symmetrically to `w_levels` a side (w / scale, as the weights are packed)
+    and each row of x to `x_levels` (x times 1 / scale, as each call quantizes its input),
     scale = max |.| / levels, rounded half to even in float32; the integer sums exact in
     int64, scaled in float64; and the bound of the kernel's float32 epilogue: the sum and
     the scale product each rounded once to float32 (2^-24 of the product each, and their
@@ -164,24 +177,26 @@ def _int8_reference(x: Tensor, w: Tensor, b: Tensor, levels: int) -> tuple[Tenso
         steps = t * (1.0 / scale) if by_inverse else t / scale
         return torch.round(steps).clamp(-levels, levels).long(), scale[:, 0].double()
 
-    (qx, sx), (qw, sw) = quantized(x, 127, True), quantized(w, levels, False)
+    (qx, sx), (qw, sw) = quantized(x, x_levels, True), quantized(w, w_levels, False)
     product = (qx @ qw.T).double() * sx[:, None] * sw[None, :]
     result = product + b.double()
     return result, 2.0**-24 * (2.01 * product.abs() + result.abs())
 
 
 @pytest.mark.parametrize("level", ["native", "avx512", "avx2"])
-@pytest.mark.parametrize(("rows", "k", "n"), [(1, 512, 512), (5, 37, 23), (9, 2048, 40)])
+@pytest.mark.parametrize(("rows", "k", "n"), [(1, 512, 512), (5, 41, 23), (9, 2048, 40)])
 def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
 ) -> None:
     """Every weight and every activation at the top of its range, half of them negative.
-    On the AVX2 route (activations as bytes q + 128 up to 255, 7-bit weights up to 63) a
-    pair of products is then 2 x 255 x 63 = 32,130, at the edge of `vpmaddubsw`'s 16-bit
-    sum (8-bit weights would saturate at 32,767); on the VNNI route (8-bit weights) the
-    sums are 32-bit throughout. Either way the sums of K of them are far past 16 bits. The
-    result is the independent integer reference, at the route's weight bits, to the
-    rounding of the float32 epilogue. Ragged K and N reach the masked tails."""
+    On the AVX-512BW route (activations as bytes q + 128 up to 255, 7-bit weights up to
+    63) a pair of products is then 2 x 255 x 63 = 32,130, at the edge of `vpmaddubsw`'s
+    16-bit sum (8-bit weights would saturate at 32,767); on the AVX2 route (bytes q + 64 up
+    to 127) two pairs added in 16 bits are 2 x 2 x 127 x 63 = 32,004, at the same edge; on
+    the VNNI route the sums are 32-bit throughout. Either way the sums of K of them are
+    far past 16 bits. The result is the independent integer reference, at the route's
+    grids, to the rounding of the float32 epilogue. Ragged K (an odd number of quads
+    included) and N reach the tails."""
     kernel = kernel_at(level)
     if not kernel.int8_kernel_available():
         pytest.skip("this CPU has no AVX2")
@@ -191,17 +206,16 @@ def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     x = signs(rows, k) * (1 + 0.001 * torch.rand(rows, k, generator=g))
     x[0] = w[0]  # one row the same signs as a weight row: every product at its maximum
     b = torch.randn(n, generator=g)
-    want, bound = _int8_reference(x, w, b, 127 if kernel.int8_vnni_available() else 63)
+    want, bound = _int8_reference(x, w, b, *_int8_grids(kernel))
     got = Int8Linear.of(w, b, kernel)(x).double()
     assert ((got - want).abs() <= bound).all()
     assert got[0, 0] > 0.99 * k
 
 
-def test_the_avx2_route_has_7_bit_weights_and_the_vnni_route_8(
-    kernel_at: Callable[[str], ModuleType],
-) -> None:
+def test_each_int8_route_sums_on_its_own_grids(kernel_at: Callable[[str], ModuleType]) -> None:
     """Random rows, whose 7-bit and 8-bit quantizations differ: each route's result is
-    its own reference's to the epilogue's rounding, not the other's."""
+    its own grids' reference's to the epilogue's rounding, not another route's, and the
+    module says which grids it runs on (`int8_levels`, as `nmt env` would)."""
     g = torch.Generator().manual_seed(9)
     w, b = torch.randn(70, 300, generator=g), torch.randn(70, generator=g)
     x = torch.randn(13, 300, generator=g)
@@ -209,13 +223,15 @@ def test_the_avx2_route_has_7_bit_weights_and_the_vnni_route_8(
         kernel = kernel_at(level)
         if not kernel.int8_kernel_available():
             pytest.skip("this CPU has no AVX2")
+        assert tuple(kernel.int8_levels()) == _int8_grids(kernel)
         got = Int8Linear.of(w, b, kernel)(x).double()
-        bits = {63: False, 127: False}
-        for levels in bits:
-            want, bound = _int8_reference(x, w, b, levels)
-            bits[levels] = bool(((got - want).abs() <= bound).all())
-        assert bits == {63: not kernel.int8_vnni_available(), 127: kernel.int8_vnni_available()}
-    assert not kernel_at("avx2").int8_vnni_available()
+        matches = set()
+        for grids in ((127, 127), (127, 63), (63, 63)):
+            want, bound = _int8_reference(x, w, b, *grids)
+            if ((got - want).abs() <= bound).all():
+                matches.add(grids)
+        assert matches == {_int8_grids(kernel)}
+    assert _int8_grids(kernel_at("avx2")) == (63, 63)
 
 
 def test_weights_packed_for_one_int8_route_are_refused_by_the_other(

@@ -115,12 +115,12 @@ def _arithmetic_bound(
     every partial sum, and k = in_features terms are summed in float32 (at most k + 2
     roundings of 2^-24 of S). bf16 results are rounded once more, by at most half a unit
     of their last place: 2^-8 of the value. int8 rounds each weight to half a step of its
-    row's grid (max |w| / 127, or / 63 on the module's AVX2 route) and each activation to
-    at most dx = the input's range / 126: the module's per-row grid of max |x| / 127
-    rounds to half a step, at most range / 126 for a row holding both signs, and
-    PyTorch's per-call affine grid of range / 255, or / 127 with 7 bits, to at most one
-    step with its zero point; so a product is off by at most dw |x| + dx |w| + dw dx per
-    term."""
+    row's grid (max |w| / 127, or / 63 on the module's routes without VNNI) and each
+    activation to at most dx = the input's range / 126: the module's per-row grid of
+    max |x| / 127, or / 63 on its AVX2 route, rounds to half a step, at most range / 126
+    for a row holding both signs, and PyTorch's per-call affine grid of range / 255, or
+    / 127 with 7 bits, to at most one step with its zero point; so a product is off by at
+    most dw |x| + dx |w| + dw dx per term."""
     k = x.size(-1)
     x64, w64 = x.double(), w.double()
     added = torch.zeros(()) if residual is None else residual.double()
@@ -130,8 +130,8 @@ def _arithmetic_bound(
         return bound + 2**-8 * (x64 @ w64.T + b.double() + added).abs()
     if not isinstance(layer, Int8Linear):  # float32 throughout
         return bound
-    seven_bit = layer.kernel is not None and not layer.kernel.int8_vnni_available()
-    dw = (w64.abs().amax(1) / (63 if seven_bit else 127) / 2)[None, :]  # one per output row
+    w_levels = 127 if layer.kernel is None else layer.kernel.int8_levels()[1]
+    dw = (w64.abs().amax(1) / w_levels / 2)[None, :]  # one per output row
     dx = (x64.clamp(min=0).max() - x64.clamp(max=0).min()) / 126
     terms = dw * x64.abs().sum(1, keepdim=True) + dx * w64.abs().sum(1)[None, :] + k * dw * dx
     return bound + terms

@@ -27,7 +27,8 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
 - int8 (`--precision int8`): `Int8Linear` holds symmetric per-output-channel int8
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do): per row in the compiled module's kernel (AVX-512
-  VNNI, else AVX-512BW or AVX2 with 7-bit weights) where the module is loaded, else per
+  VNNI; else AVX-512BW with 7-bit weights, or AVX2 with 7-bit weights and activations)
+  where the module is loaded, else per
   call through PyTorch's own quantized kernels (fbgemm or oneDNN). Everything else stays
   float32.
 
@@ -233,9 +234,10 @@ class Int8Linear(DecodeLinear):
     accumulated in int32, returned in float32.
 
     With the compiled module (`kernel`, on a CPU with AVX2 or more) each input row is
-    quantized to 8 bits with its own scale (csrc/int8_linear.cpp; the weights are 7 bits
-    on AVX2, whose 16-bit pair sums would saturate with 8): a sentence's result does not
-    depend on the rest of its batch, and there is no fixed cost a call (BENCHMARKS.md). Otherwise
+    quantized with its own scale (csrc/int8_linear.cpp: to 8 bits with AVX-512, to 7 on
+    AVX2, whose multiplies are the bound there; the weights are 7 bits without VNNI,
+    whose 16-bit pair sums would saturate with 8): a sentence's result does not depend on
+    the rest of its batch, and there is no fixed cost a call (BENCHMARKS.md). Otherwise
     PyTorch's dynamic quantized kernel, which quantizes the whole input with one scale."""
 
     bias: Tensor | None
@@ -424,7 +426,8 @@ def implementations() -> list[Implementation]:
         ),
         Implementation(
             "linear",
-            "the module's AVX-512BW or AVX2 kernel (a scale per row, 7-bit weights)",
+            "the module's AVX-512BW or AVX2 kernel "
+            "(a scale per row, 7-bit weights; 7-bit activations on AVX2)",
             module_refuses("int8_kernel_available", "avx2"),
             lambda target: DecodeLinears(Int8Linear, target.kernel),
             "cpu", training=False, precision="int8",

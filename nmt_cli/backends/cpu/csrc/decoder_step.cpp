@@ -556,6 +556,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp32_kernel_rows", [] { return nmt::kFp32KernelRows; });
   m.def("int8_kernel_available", &nmt::int8_kernel_available);
   m.def("int8_vnni_available", &nmt::int8_vnni_available);
+  m.def("int8_levels", &nmt::int8_levels);
   m.def("pack_int8", &nmt::pack_int8);
   m.def("int8_linear", &nmt::int8_linear);
   m.def("fast_log_softmax", &nmt::fast_log_softmax);

@@ -5,24 +5,29 @@
 // row's result depends on the other rows in the batch, and it spends a fixed time a call
 // on its own bookkeeping. Here each input row gets its own scale (as CTranslate2 does), so
 // a sentence translates the same in any batch, and there is no fixed cost. Each row is
-// quantized once to q = round(x / s), |q| <= 127, as unsigned bytes q + 128, and the int32
-// sums sum_k q_k w_k are exact:
-// - AVX-512 VNNI: 8-bit weights, |w| <= 127; `vpdpbusd` multiplies four bytes by four
-//   int8 weights of 16 output columns at a time into int32.
-// - AVX2 (no VNNI): `vpmaddubsw` multiplies unsigned by signed bytes and adds each pair
-//   into a 16-bit sum that saturates past 32,767. With 7-bit weights, |w| <= 63, a pair is
-//   at most 2 x 255 x 63 = 32,130: nothing saturates, and `vpmaddwd` by ones widens the
-//   pairs into int32. fbgemm takes the 7 bits from the activations instead; here they
-//   come from the weights, whose rows spread more evenly than an activation row with its
-//   outliers: a Multi30k model's attention projections over real activations are off by
-//   1.25% against 1.50%, and its test sacreBLEU is 34.6 (fp32's) against 34.4. Keeping 8
-//   bits on both sides exactly (w's sign moved onto the input with `vpsignb`) costs a
-//   third more instructions a product, measured 1.3-1.5x slower.
-// - AVX-512BW without VNNI (Skylake-SP, Cascade Lake's predecessors): the AVX2 route's
-//   instructions and 7-bit weights at twice the width, 16 columns a vector.
-// Either way the offset comes out with the weights' column sums:
-// y = (acc - 128 sum_k w_k) s_x s_w + b, the ReLU and the residual applied before the one
-// store. The weights are packed for the route of the CPU level in force (pack_int8), and
+// quantized once to q = round(x / s), |q| <= L (L levels a side, int8_levels), as
+// unsigned bytes q + L + 1, and the int32 sums sum_k q_k w_k are exact:
+// - AVX-512 VNNI: 8-bit activations and weights, L = 127; `vpdpbusd` multiplies four
+//   bytes by four int8 weights of 16 output columns at a time into int32.
+// - AVX-512BW without VNNI (Skylake-SP): `vpmaddubsw` multiplies unsigned by signed bytes
+//   and adds each pair into a 16-bit sum that saturates past 32,767. With 7-bit weights,
+//   |w| <= 63, a pair is at most 2 x 255 x 63 = 32,130: nothing saturates, and `vpmaddwd`
+//   by ones widens the pairs into int32. 7 bits of the weights rather than of the
+//   activations (fbgemm's choice), since weight rows spread more evenly than an activation
+//   row with its outliers: a Multi30k model's attention projections over real activations
+//   are off by 1.25% against 1.50%.
+// - AVX2: 7-bit activations too (L = 63, bytes up to 127), so that a pair is at most
+//   2 x 127 x 63 = 16,002 and two quads' pairs add in 16 bits (32,004) before one
+//   `vpmaddwd` widens them: three multiplying instructions for 64 products instead of
+//   four. Where vector integer multiplies have one pipe (AMD's Zen 1) they are the bound,
+//   and this is 1.35-1.5x the 8-bit-activation tile's rate on a decoder's shapes, faster
+//   than oneDNN's fp32 products there (BENCHMARKS.md); a Multi30k model's test sacreBLEU
+//   moves by 0.1. Keeping 8 bits on both sides exactly (w's sign moved onto the input with
+//   `vpsignb`) costs a third more instructions than the 7-bit-weight tile, measured
+//   1.3-1.5x slower.
+// Each way the offset comes out with the weights' column sums:
+// y = (acc - (L + 1) sum_k w_k) s_x s_w + b, the ReLU and the residual applied before the
+// one store. The weights are packed for the route of the CPU level in force (pack_int8), and
 // the 7-bit routes' layout says so in its shape, so that weights packed for one route are
 // refused by the other rather than saturating.
 #include "int8_linear.h"
@@ -52,11 +57,12 @@ using tiles::kMaxRows;
 #define NMT_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 struct Int8Operands {
-  const uint8_t* x;       // (M, quads * 4) quantized rows, offset 128
+  const uint8_t* x;       // (M, quads * 4) quantized rows, offset by `offset`
   const float* x_scale;   // (M)
   const int8_t* w;        // packed
   const float* w_scale;   // (N)
   const int32_t* w_sum;   // (N)
+  int32_t offset;         // what each byte of x holds above its q: levels + 1
   const float* bias;      // (N) or null
   const float* residual;  // (M, N) or null
   float* y;               // (M, N)
@@ -66,11 +72,11 @@ struct Int8Operands {
 
 #define NMT_AVX512_BW __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-// The two AVX-512 tiles' epilogue: y = (acc - 128 sum_k w_k) s_x s_w + b, ReLU, residual.
+// The two AVX-512 tiles' epilogue: y = (acc - offset sum_k w_k) s_x s_w + b, ReLU, residual.
 template <int R, int C>
 NMT_AVX512_BW inline __attribute__((always_inline)) void store_tile(
     const Int8Operands& op, int64_t row, int64_t block, const __m512i (&acc)[R][C]) {
-  const __m512i offset = _mm512_set1_epi32(128);
+  const __m512i offset = _mm512_set1_epi32(op.offset);
   for (int c = 0; c < C; ++c) {
     const int64_t col = (block + c) * kLanes;
     const int64_t valid = std::min<int64_t>(kLanes, op.n - col);
@@ -127,8 +133,9 @@ NMT_INT8_TILE_512(int8_tile_bw, NMT_AVX512_BW,
 #define NMT_AVX2 __attribute__((target("avx2,fma")))
 
 // The same tile without VNNI, eight columns (half a block) at a time, so that the R
-// accumulators, the half's weights and the operands in flight stay in AVX2's sixteen
-// registers. The weights are 7-bit (|w| <= 63).
+// accumulators, two quads' weights and the operands in flight stay in AVX2's sixteen
+// registers. Activations and weights are 7-bit (bytes up to 127, |w| <= 63): two quads'
+// pair sums add in 16 bits before one `vpmaddwd` widens them.
 template <int R, int C>
 NMT_AVX2 void int8_tile_avx2(const Int8Operands& op, int64_t row, int64_t first_block) {
   const __m256i ones = _mm256_set1_epi16(1);
@@ -142,18 +149,35 @@ NMT_AVX2 void int8_tile_avx2(const Int8Operands& op, int64_t row, int64_t first_
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
     // Block b's quad p holds its 16 columns' 4 bytes each: this half's are 32 of them.
     const int8_t* w = op.w + (half / 2) * op.quads * kLanes * 4 + (half % 2) * 32;
-    for (int64_t p = 0; p < op.quads; ++p) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kLanes * 4));
+    const int64_t even = op.quads & ~int64_t{1};
+    for (int64_t p = 0; p < even; p += 2) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kLanes * 4));
+      const __m256i w1 =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (p + 1) * kLanes * 4));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        int32_t q0, q1;
+        std::memcpy(&q0, x + (r * op.quads + p) * 4, sizeof q0);
+        std::memcpy(&q1, x + (r * op.quads + p + 1) * 4, sizeof q1);
+        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(q0), w0),
+                                               _mm256_maddubs_epi16(_mm256_set1_epi32(q1), w1));
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    if (even < op.quads) {
+      const __m256i wv =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + even * kLanes * 4));
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         int32_t quad;
-        std::memcpy(&quad, x + (r * op.quads + p) * 4, sizeof quad);
+        std::memcpy(&quad, x + (r * op.quads + even) * 4, sizeof quad);
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(quad), wv);
         acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
       }
     }
     const __m256i mask = simd::first_lanes8(valid);
-    const __m256i correction = _mm256_slli_epi32(_mm256_maskload_epi32(op.w_sum + col, mask), 7);
+    const __m256i correction = _mm256_mullo_epi32(_mm256_maskload_epi32(op.w_sum + col, mask),
+                                                  _mm256_set1_epi32(op.offset));
     const __m256 w_scale = _mm256_maskload_ps(op.w_scale + col, mask);
     const __m256 bias = op.bias ? _mm256_maskload_ps(op.bias + col, mask) : _mm256_setzero_ps();
     for (int r = 0; r < R; ++r) {
@@ -184,12 +208,24 @@ constexpr Int8TileFn kInt8Avx2RowTiles[kMaxCols] = {int8_tile_avx2<R, 1>, int8_t
 constexpr const Int8TileFn* kInt8Avx2Tiles[kMaxRows] = {
     kInt8Avx2RowTiles<1>, kInt8Avx2RowTiles<2>, kInt8Avx2RowTiles<3>, kInt8Avx2RowTiles<4>};
 
-// One row of x -> bytes q + 128 (q = round(x / s) to nearest even, |q| <= 127,
-// s = max |x| / 127; the padding to whole quads is q = 0), and s.
-NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, uint8_t* out,
-                           float* scale) {
-  constexpr float levels = 127.0f;
-  constexpr uint8_t offset = 128;
+// The route of the CPU level in force: its grids (levels a side of zero) and its tiles.
+struct Int8Route {
+  int64_t x_levels, w_levels;
+  const Int8TileFn* const (&tiles)[kMaxRows];
+};
+
+Int8Route int8_route() {
+  if (cpu_level_at_least(CpuLevel::kAvx512Vnni)) return {127, 127, kInt8Tiles};
+  if (cpu_level_at_least(CpuLevel::kAvx512)) return {127, 63, kInt8BwTiles};
+  return {63, 63, kInt8Avx2Tiles};
+}
+
+// One row of x -> bytes q + L + 1 (q = round(x / s) to nearest even, |q| <= L,
+// s = max |x| / L, L = `levels`; the padding to whole quads is q = 0), and s.
+NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, int64_t levels_in,
+                           uint8_t* out, float* scale) {
+  const float levels = static_cast<float>(levels_in);
+  const uint8_t offset = static_cast<uint8_t>(levels_in + 1);
   constexpr int64_t kStep = 32;  // four vectors of floats -> one of bytes
   const int64_t whole = k / kStep * kStep;
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
@@ -232,12 +268,17 @@ bool int8_kernel_available() { return cpu_level_at_least(CpuLevel::kAvx2); }
 
 bool int8_vnni_available() { return cpu_level_at_least(CpuLevel::kAvx512Vnni); }
 
+std::tuple<int64_t, int64_t> int8_levels() {
+  const Int8Route route = int8_route();
+  return {route.x_levels, route.w_levels};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weight_in) {
   TORCH_CHECK(weight_in.dim() == 2, "pack_int8: an (N, K) weight");
   const at::Tensor weight = weight_in.to(at::kFloat);
   const int64_t n = weight.size(0), k = weight.size(1);
   const int64_t blocks = (n + kLanes - 1) / kLanes, quads = (k + 3) / 4;
-  const double levels = int8_vnni_available() ? 127.0 : 63.0;
+  const double levels = static_cast<double>(int8_route().w_levels);
   const at::Tensor scale = (weight.abs().amax(1) / levels).clamp_min(1e-12);
   const at::Tensor q =
       at::round(weight / scale.unsqueeze(1)).clamp(-levels, levels).to(at::kChar);
@@ -263,6 +304,7 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   const bool vnni = int8_vnni_available();
   TORCH_CHECK(packed.dim() == (vnni ? 4 : 5), "int8_linear: weights packed for the ",
               vnni ? "AVX2" : "VNNI", " route; pack them again at the CPU level in force");
+  const Int8Route route = int8_route();
   const at::Tensor x = x_in.reshape({m, k}).contiguous();
   at::Tensor residual;
   if (residual_in.has_value()) residual = residual_in->reshape({m, n}).contiguous();
@@ -273,22 +315,21 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   std::vector<float> x_scale(static_cast<size_t>(m));
   const float* xp = x.const_data_ptr<float>();
   for (int64_t r = 0; r < m; ++r) {
-    quantize_row(xp + r * k, k, quads * 4, xq.data() + r * quads * 4, &x_scale[r]);
+    quantize_row(xp + r * k, k, quads * 4, route.x_levels, xq.data() + r * quads * 4, &x_scale[r]);
   }
   const Int8Operands op{xq.data(),
                         x_scale.data(),
                         packed.const_data_ptr<int8_t>(),
                         scale.const_data_ptr<float>(),
                         column_sum.const_data_ptr<int32_t>(),
+                        static_cast<int32_t>(route.x_levels + 1),
                         bias.has_value() ? bias->const_data_ptr<float>() : nullptr,
                         residual.defined() ? residual.const_data_ptr<float>() : nullptr,
                         y.data_ptr<float>(),
                         quads,
                         n,
                         relu};
-  const bool avx512 = cpu_level_at_least(CpuLevel::kAvx512);
-  tiles::for_each_tile(op, m, blocks, k, 1 << 19,
-                       vnni ? kInt8Tiles : avx512 ? kInt8BwTiles : kInt8Avx2Tiles);
+  tiles::for_each_tile(op, m, blocks, k, 1 << 19, route.tiles);
   return y;
 }
 
@@ -301,6 +342,8 @@ namespace nmt {
 bool int8_kernel_available() { return false; }
 
 bool int8_vnni_available() { return false; }
+
+std::tuple<int64_t, int64_t> int8_levels() { return {127, 127}; }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor&) {
   TORCH_CHECK(false, "pack_int8: x86-64 only");
