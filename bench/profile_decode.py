@@ -8,8 +8,11 @@ Translates the first --lines sentences one batch at a time (beam 4, one thread),
 operator ran, its own time, and the share of the step, plus the wall time per step
 and what the profiler does not see (Python between the operators); the compiled
 module's kernels are listed under their own names (`nmt::...`). At batch 1 it also
-prints the steps beam search took per output token. Operator times are inflated
-by the profiler itself and by other load on the machine; the counts are exact.
+prints the steps beam search took per output token; at larger batches, the decoder rows
+the search computed against the fewest any beam-4 search could (4 a sentence for each
+of its output tokens and its EOS), and how many of them were closed beam slots, computed
+for nothing. Operator times are inflated by the profiler itself and by other load on
+the machine; the counts are exact.
 """
 
 from __future__ import annotations
@@ -48,19 +51,24 @@ def main() -> None:
     # Decoder steps, counted at the model: no operator runs exactly once a step. Beam
     # search takes its first step through decode_step and the others through
     # decode_advance, which may call decode_step in turn (counted once).
-    steps = 0
+    steps = rows = closed = 0
     within = False
     model = translator.model
     step, whole_step = model.decode_step, model.decode_advance
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal steps
-        steps += not within
+        nonlocal steps, rows
+        if not within:
+            steps += 1
+            rows += args[0].numel()
         return step(*args, **kwargs)
 
     def counted_whole(*args: Any, **kwargs: Any) -> Any:
-        nonlocal steps, within
+        nonlocal steps, within, rows, closed
         steps += 1
+        tokens, cum = args[0], args[4]  # a slot whose score is -inf is closed
+        rows += tokens.numel()
+        closed += int(cum.isinf().sum())
         within = True
         try:
             return whole_step(*args, **kwargs)
@@ -78,6 +86,8 @@ def main() -> None:
         translator.translate_chunk(lines)
     events = prof.key_averages()
     steps //= 2  # the same sentences were decoded twice
+    rows //= 2
+    closed //= 2
     seen_us = sum(e.self_cpu_time_total for e in events)
     # Where the compiled step runs a sentence's whole search in one call (batch 1), the
     # model sees no step: the figures are per sentence, the compiled kernels' operators
@@ -92,6 +102,13 @@ def main() -> None:
         print(
             f"{steps / produced:.2f} steps per output token (EOS included): the exact "
             "stopping bound's extra steps"
+        )
+    elif steps:
+        print(
+            f"decoder rows: {rows} ({closed / rows:.1%} of them closed beam slots), "
+            f"{rows / (4 * produced):.2f}x the {4 * produced} of 4 a sentence per output "
+            "token and EOS: closed slots, the exact stopping bound's extra steps, and "
+            "the last sentence's steps if it was handed to the compiled step (not seen)"
         )
     if not steps:
         print("each sentence's search ran in one compiled call: figures per sentence")
