@@ -8,10 +8,10 @@ Translates the first --lines sentences one batch at a time (beam 4, one thread),
 operator ran, its own time, and the share of the step, plus the wall time per step
 and what the profiler does not see (Python between the operators); the compiled
 module's kernels are listed under their own names (`nmt::...`). At batch 1 it also
-prints the steps beam search took per output token; at larger batches, the decoder rows
-the search computed against the fewest any beam-4 search could (4 a sentence for each
-of its output tokens and its EOS), and how many of them were closed beam slots, computed
-for nothing. Operator times are inflated by the profiler itself and by other load on
+prints the steps beam search took per output token; at larger batches, the beams the
+search stepped against the fewest any beam-4 search could (4 a sentence for each of its
+output tokens and its EOS), and how many of them were closed (whose rows the compiled
+step skips). Operator times are inflated by the profiler itself and by other load on
 the machine; the counts are exact.
 """
 
@@ -105,10 +105,11 @@ def main() -> None:
         )
     elif steps:
         print(
-            f"decoder rows: {rows} ({closed / rows:.1%} of them closed beam slots), "
+            f"beams stepped: {rows} ({closed / rows:.1%} of them closed), "
             f"{rows / (4 * produced):.2f}x the {4 * produced} of 4 a sentence per output "
-            "token and EOS: closed slots, the exact stopping bound's extra steps, and "
-            "the last sentence's steps if it was handed to the compiled step (not seen)"
+            f"token and EOS; open: {rows - closed} ({(rows - closed) / (4 * produced):.2f}x), "
+            "the rest the exact stopping bound's extra steps (a batch's last sentence, "
+            "handed to the compiled step, not seen)"
         )
     if not steps:
         print("each sentence's search ran in one compiled call: figures per sentence")

@@ -26,7 +26,9 @@ runs once per batch, the first step runs on one row per sentence (all beams are 
 then) and only then expands the cache to K rows, candidates come from one `topk` over
 the flattened (N, K*V) scores (no full-vocabulary sort; core/beam_advance.py), and
 finished sentences leave the batch so late steps only pay for the sentences still open;
-the model may finish a one-sentence batch in one call (core/open_sentence.py).
+the model may finish a one-sentence batch in one call (core/open_sentence.py). A closed
+slot (running score -inf) can offer no candidate, so a model may leave its row out of
+a step's computation (the CPU backend's compiled step does, backends/cpu/decoder.py).
 
 Attention for pictures and alignments: with `need_weights`, beam search asks the model for
 each step's attention weights and keeps them with a back-pointer per row, and every

@@ -459,9 +459,10 @@ def test_the_fused_log_softmax_and_choice_equal_the_two_steps_bit_for_bit(
     """beam_choose against fast_log_softmax, forcing EOS and beam_advance, at every level
     (bf16 logits below AVX-512 and everything at the generic level take the unfused steps
     inside the call): the same scores to the bit, the same tokens, origins and
-    histories. Logits with ties (rounded to steps of 1/8), a row forced to EOS, a closed
-    beam, EOS and the banned PAD and BOS among the best, vocabularies off the vector width
-    (tails)."""
+    histories. Logits with ties (rounded to steps of 1/8), a row forced to EOS, closed
+    beams, EOS and the banned PAD and BOS among the best, vocabularies off the vector width
+    (tails). The same again from the open beams' logits alone (`logit_rows`), as a step
+    that skips the closed beams' rows gives them."""
     kernel = kernel_at(level)
     g = torch.Generator().manual_seed(sentences * vocab)
     rows = sentences * k
@@ -470,22 +471,38 @@ def test_the_fused_log_softmax_and_choice_equal_the_two_steps_bit_for_bit(
     logits[:, [0, 2]] += 9.0  # PAD and BOS would win were they not banned
     logits = logits.to(dtype)
     cum = (-torch.rand(rows, generator=g) * 3 * 8).round() / 8
-    cum[rows - 1] = float("-inf")  # a closed beam
+    cum[[1, rows - 1]] = float("-inf")  # closed beams
     history = torch.randint(4, vocab, (rows, 5), generator=g)
     forced = torch.zeros(rows, dtype=torch.bool)
     forced[rows // 2] = True
+    open_rows = cum.isfinite().nonzero().squeeze(1)
+    place = torch.full((rows,), -1, dtype=torch.long)
+    place[open_rows] = torch.arange(open_rows.numel())
     for marks in (None, forced):
         want = _unfused(kernel, logits, cum, history, k, marks)
-        got = Advance(*kernel.beam_choose(logits, cum, history, k, 3, [0, 2], marks))
-        assert got.any_ended == want.any_ended
-        for name in ("top_lp", "cum", "ended", "tokens", "origin", "history"):
-            assert torch.equal(getattr(got, name), getattr(want, name)), name
+        for computed, logit_rows in ((logits, None), (logits[open_rows], place)):
+            chosen = kernel.beam_choose(computed, cum, history, k, 3, [0, 2], marks, logit_rows)
+            got = Advance(*chosen)
+            assert got.any_ended == want.any_ended
+            for name in ("top_lp", "cum", "ended", "tokens", "origin", "history"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), name
     if k > 1:  # the forced row's one candidate is EOS
         sentence = rows // 2 // k
         chosen = (got.origin.view(sentences, k)[sentence] == rows // 2) & (
             got.top_lp[sentence] > float("-inf")
         )
         assert bool((got.tokens[sentence][chosen] == 3).all())
+
+
+def test_an_open_beam_without_its_logits_row_is_an_error(kernel: ModuleType) -> None:
+    """`logit_rows` may leave out closed beams only: an open beam's row missing, or a row
+    past the logits, is refused rather than read from elsewhere."""
+    logits, history = torch.randn(3, 20), torch.randint(4, 20, (4, 2))
+    cum = torch.tensor([0.0, -1.0, float("-inf"), -2.0])
+    for rows in ([0, -1, -1, 2], [0, 1, -1, 3]):
+        with pytest.raises(RuntimeError, match="open beam's logits row"):
+            kernel.beam_choose(logits, cum, history, 2, 3, [0, 2], None, torch.tensor(rows))
+    kernel.beam_choose(logits, cum, history, 2, 3, [0, 2], None, torch.tensor([0, 1, -1, 2]))
 
 
 def test_candidate_selection_ranks_ties_by_index_and_fills_with_minus_inf(
@@ -770,6 +787,36 @@ def test_sentences_that_finish_leave_the_batch_the_same_way(
     src = reverse_batch(12, torch.Generator().manual_seed(1))[0]
     expected = beam_search(model, src, 4)
     _same_hypotheses(beam_search(CpuDecoder(model, None, kernel), src, 4), expected)
+
+
+@pytest.mark.parametrize(("precision", "sentences"), [("fp32", 8), ("bf16", 8), ("int8", 24)])
+def test_a_step_computes_the_open_beams_rows_alone_and_finds_the_same(
+    kernel: ModuleType, reverser: Transformer, precision: str, sentences: int
+) -> None:
+    """A trained model's beams close as their hypotheses end (and finished sentences ride
+    as filler): the compiled step then runs on the open beams' rows only, over a narrowed
+    slot table, and search finds the hypotheses and scores of the step over every row,
+    bit for bit. Rows the products take as they come (8 sentences x 4 beams for fp32 and
+    bf16, which hand more to shape-bound products; any number for int8), so that no row's
+    arithmetic depends on its neighbours."""
+    model = wrap(reverser, precision, kernel, compiled=True)
+    if model.own_arithmetic is None or model.step is None:
+        pytest.skip(f"{precision} is on PyTorch's arithmetic here: every row is computed")
+    src = reverse_batch(sentences, torch.Generator().manual_seed(3))[0]
+    computed: list[int] = []
+    logits = model._logits
+
+    def counted(tokens: Tensor, *rest: object) -> Tensor:
+        computed.append(tokens.numel())
+        return logits(tokens, *rest)
+
+    model._logits = counted  # type: ignore[method-assign]
+    skipping = beam_search(model, src, 4, nbest=2)
+    skipped_rows = sum(computed)
+    computed.clear()
+    model.open_rows_only = False
+    _same_hypotheses(skipping, beam_search(model, src, 4, nbest=2))
+    assert skipped_rows < sum(computed)
 
 
 def test_an_int8_sentence_translates_the_same_alone_and_in_a_batch(kernel: ModuleType) -> None:

@@ -64,7 +64,8 @@ class CpuDecoder(nn.Module):
     the compiled module (None: PyTorch's arithmetic only); `structural` says whether
     the model-shaped parts (compiled step, attention kernel) may decode this model, and
     `compiled=False` keeps the step in Python over the same kernels (what the compiled
-    step is tested against).
+    step is tested against); `open_rows_only=False` computes closed beams' rows too (what
+    skipping them is tested against).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class CpuDecoder(nn.Module):
         kernel: ModuleType | None = None,
         structural: bool = True,
         compiled: bool = True,
+        open_rows_only: bool = True,
     ) -> None:
         super().__init__()
         self.model = model
@@ -98,6 +100,7 @@ class CpuDecoder(nn.Module):
         # Beam search's bookkeeping, from the same module as the step when there is one.
         self.advance: BeamAdvance = kernel_advance(kernel) if kernel is not None else torch_advance
         self._shape_free_rows: float | None = None  # measured on first use
+        self.open_rows_only = open_rows_only
 
     @property
     def cfg(self) -> ModelConfig:
@@ -168,9 +171,45 @@ class CpuDecoder(nn.Module):
         if self.own_arithmetic is None:
             step = (last_tokens, memory, src_mask, cache, cum, history, k, at_limit)
             return decode_then_advance(self, *step)
-        logits = self._logits(last_tokens, memory, src_mask, cache)
-        chosen = self.own_arithmetic.beam_choose(logits, cum, history, k, EOS_ID, _BANNED, at_limit)
+        computed = self._computed_rows(cum, k, cache)
+        if computed is None:
+            logits = self._logits(last_tokens, memory, src_mask, cache)
+            logit_rows = None
+        else:  # the open beams' rows (and filler) alone through the step
+            with cast(SlotCache, cache).only(computed) as logit_rows:
+                logits = self._logits(last_tokens[computed], memory, src_mask, cache)
+        chosen = self.own_arithmetic.beam_choose(
+            logits, cum, history, k, EOS_ID, _BANNED, at_limit, logit_rows
+        )
         return Advance(*chosen)
+
+    def _computed_rows(self, cum: Tensor, k: int, cache: Any) -> Tensor | None:
+        """Which beams' rows a step computes, None for all. A closed beam (search narrows
+        the beam as hypotheses finish, and a finished sentence rides as filler) offers no
+        candidate, so its row is computed for nothing: about a twentieth of the rows at
+        128 sentences a batch (BENCHMARKS.md). Skipped where moving rows is cheap (the
+        SlotCache moves a table of back-pointers, not keys; the compiled step, with the
+        cross-attention already cached) and each row's result does not depend on the
+        others (rows the products take as they come, `shape_free_rows`); above them the
+        rows are rounded up to `slots`' shapes with closed ones, as search's filler is,
+        so that no product builds a kernel for a new shape."""
+        if not (self.open_rows_only and self.step is not None and isinstance(cache, SlotCache)):
+            return None
+        if cache.length == 0:
+            return None
+        closed = cum.isneginf()
+        shut = int(closed.sum())
+        rows = cum.numel()
+        open_rows = rows - shut
+        if shut == 0:
+            return None
+        if open_rows > self.shape_free_rows_cached():
+            wanted = self.slots(-(-open_rows // k), k) * k
+            if wanted >= rows:
+                return None
+            filler = closed.nonzero().squeeze(1)[: wanted - open_rows]
+            closed[filler] = False
+        return (~closed).nonzero().squeeze(1)
 
     def finish_sentence(
         self, sentence: OpenSentence, memory: Tensor, src_mask: Tensor, cache: Any
@@ -220,11 +259,15 @@ class CpuDecoder(nn.Module):
     def slots(self, open_sentences: int, beam: int) -> int:
         """Exactly the open sentences while their rows fit products that build no kernel
         per shape (`shape_free_rows`), `batch_bucket` above."""
-        if self._shape_free_rows is None:
-            self._shape_free_rows = self.shape_free_rows()
-        if open_sentences * beam <= self._shape_free_rows:
+        if open_sentences * beam <= self.shape_free_rows_cached():
             return open_sentences
         return batch_bucket(open_sentences)
+
+    def shape_free_rows_cached(self) -> float:
+        """shape_free_rows, measured on first use."""
+        if self._shape_free_rows is None:
+            self._shape_free_rows = self.shape_free_rows()
+        return self._shape_free_rows
 
     def shape_free_rows(self) -> float:
         """The most rows a step takes without a product building a kernel for its shape:

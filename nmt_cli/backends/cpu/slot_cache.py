@@ -15,6 +15,8 @@ it (backends/cpu/decoder.py decides).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -198,3 +200,23 @@ class SlotCache:
             table.slots = table.slots.index_select(0, index)
         if cross and table.sources is not None:
             table.sources = table.sources.index_select(0, index)
+
+    @contextmanager
+    def only(self, rows: Tensor) -> Iterator[Tensor]:
+        """A step over `rows` (R',) of the table alone (their back-pointers and sources),
+        then every row back: those among `rows` with what the step wrote, the others
+        with the first one's back-pointers (they must be closed beams, never read again:
+        search's next reorder gives a beam its parent's row) and their own sources, so
+        that reorders within a sentence (cross=False) stay right. Yields, for every row,
+        its place among `rows`, -1 for the others."""
+        table = self.table
+        assert table.slots is not None, "a step has prepared the table"
+        sources = table.sources
+        place = torch.full((table.slots.size(0),), -1, dtype=torch.long)
+        place[rows] = torch.arange(rows.numel())
+        self.reorder(rows)
+        try:
+            yield place
+        finally:
+            self.reorder(place.clamp(min=0), cross=False)
+            table.sources = sources

@@ -37,9 +37,12 @@ Advanced beam_books(const at::Tensor& top, const at::Tensor& flat, const at::Ten
 // beam_advance on the log-softmax of `logits` (R, V), float32 or bf16, with EOS forced on
 // the rows `forced` (R,) marks (every other token -inf), as search does it in PyTorch
 // (core/beam_advance.py, decode_then_advance) with fast_log_softmax: the same results,
-// bit for bit, computed without writing the log-probabilities (beam_choose.cpp).
+// bit for bit, computed without writing the log-probabilities (beam_choose.cpp). With
+// `logit_rows` (R,), `logits` holds only some beams' rows: beam r's is logit_rows[r], -1
+// for a closed beam (running score -inf), whose row is never read.
 Advanced beam_choose(const at::Tensor& logits, const at::Tensor& cum, const at::Tensor& history,
                      int64_t k, int64_t eos, const std::vector<int64_t>& banned,
-                     const std::optional<at::Tensor>& forced);
+                     const std::optional<at::Tensor>& forced,
+                     const std::optional<at::Tensor>& logit_rows);
 
 }  // namespace nmt

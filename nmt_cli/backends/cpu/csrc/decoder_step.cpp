@@ -434,21 +434,33 @@ class DecoderStep {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       { py::gil_scoped_release turn; }
       if (any_finished && books.done(cum.max().item<float>(), step, alpha, lp_at_limit)) break;
+      // Only the open beams' rows are computed: a closed one (score -inf) offers nothing
+      // (beam_choose.cpp). Before the first step that is the first beam alone (BOS, the
+      // others closed), as search's step 0 computes one row.
+      const Tensor open = at::nonzero(cum.view(-1) > -std::numeric_limits<float>::infinity());
+      const int64_t rows = open.size(0);
+      if (rows == 0) break;
+      const bool every = rows == k;
+      const Tensor picked = open.view(-1);
+      Tensor table = every ? slots.contiguous() : slots.index_select(0, picked);
       // SlotTable.prepare: this step's keys of row r go to slot r.
-      slots = slots.contiguous();
-      int64_t* column = slots.data_ptr<int64_t>() + step;
-      for (int64_t r = 0; r < k; ++r) column[r * slots.size(1)] = r;
-      // Before the first step every beam is the first (BOS, the others closed): one row
-      // computed, as search's step 0 computes it, and offered as each beam's.
+      int64_t* column = table.data_ptr<int64_t>() + step;
+      for (int64_t r = 0; r < rows; ++r) column[r * table.size(1)] = r;
       const Tensor logits =
-          step == 0 ? step_slots(tokens.narrow(0, 0, 1), step, layers, slots.narrow(0, 0, 1),
-                                 sources.narrow(0, 0, 1), false)
-                          .expand({k, -1})
-                          .contiguous()
-                    : step_slots(tokens, step, layers, slots, sources, false);
+          step_slots(every ? tokens : tokens.index_select(0, picked), step, layers, table,
+                     every ? sources : sources.index_select(0, picked), false);
+      OptTensor logit_rows;
+      if (every) {
+        slots = table;
+      } else {  // every beam's row back, a closed one's at the first (never read)
+        Tensor place = at::full({k}, -1, at::kLong);
+        place.index_copy_(0, picked, at::arange(rows, at::kLong));
+        slots = table.index_select(0, place.clamp_min(0));
+        logit_rows = place;
+      }
       const OptTensor at_limit = step >= limit ? OptTensor(forced) : OptTensor();
       const auto [top_lp, next_cum, next_tokens, origin, grown, ends, any_ended] =
-          nmt::beam_choose(logits, cum, history, k, eos, banned, at_limit);
+          nmt::beam_choose(logits, cum, history, k, eos, banned, at_limit, logit_rows);
       if (any_ended) {  // _BeamSearch._settle
         any_finished = true;
         const double lp = nmt::length_penalty(static_cast<double>(step) + 1.0, alpha);
