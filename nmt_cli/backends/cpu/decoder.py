@@ -186,8 +186,8 @@ class CpuDecoder(nn.Module):
     def _computed_rows(self, cum: Tensor, k: int, cache: Any) -> Tensor | None:
         """Which beams' rows a step computes, None for all. A closed beam (search narrows
         the beam as hypotheses finish, and a finished sentence rides as filler) offers no
-        candidate, so its row is computed for nothing: about a twentieth of the rows at
-        128 sentences a batch (BENCHMARKS.md). Skipped where moving rows is cheap (the
+        candidate, so its row would be computed for nothing: 6-8% of the rows at 128
+        sentences a batch (BENCHMARKS.md). Skipped where moving rows is cheap (the
         SlotCache moves a table of back-pointers, not keys; the compiled step, with the
         cross-attention already cached) and each row's result does not depend on the
         others (rows the products take as they come, `shape_free_rows`); above them the
