@@ -84,7 +84,7 @@ NMT_FP32_AVX2 inline void fp32_blocks(const Fp32Operands& op, int64_t row, int64
       for (int r = 0; r < R; ++r) {
         const int64_t at = (row + r) * op.n + col;
         simd::finish(_mm256_add_ps(acc[r][g][half], bias), op.relu,
-                     op.residual ? op.residual + at : nullptr, op.y + at, mask);
+                     op.residual ? op.residual + at : nullptr, op.y + at, mask, valid == 8);
       }
     }
   }

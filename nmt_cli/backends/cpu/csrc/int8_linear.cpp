@@ -185,7 +185,7 @@ NMT_AVX2 void int8_tile_avx2(const Int8Operands& op, int64_t row, int64_t first_
       const __m256 scale = _mm256_mul_ps(w_scale, _mm256_set1_ps(op.x_scale[row + r]));
       const int64_t at = (row + r) * op.n + col;
       simd::finish(_mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, bias), op.relu,
-                   op.residual ? op.residual + at : nullptr, op.y + at, mask);
+                   op.residual ? op.residual + at : nullptr, op.y + at, mask, valid == 8);
     }
   }
 }

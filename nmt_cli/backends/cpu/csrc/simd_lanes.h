@@ -64,10 +64,17 @@ NMT_SIMD_AVX2 inline __m256i first_lanes8(int64_t n) {
                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// An output's last step: [residual +] [relu](v), stored to y's lanes under `mask`.
+// An output's last step: [residual +] [relu](v), stored to y's lanes under `mask`, or
+// with plain loads and stores where all eight lanes are valid (`whole`): a masked store
+// costs about four plain ones on AMD's Zen 1 (5.1 against 1.3 ns), one an output vector.
 NMT_SIMD_AVX2 inline void finish(__m256 v, bool relu, const float* residual, float* y,
-                                 __m256i mask) {
+                                 __m256i mask, bool whole) {
   if (relu) v = _mm256_max_ps(v, _mm256_setzero_ps());
+  if (whole) {
+    if (residual != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(residual));
+    _mm256_storeu_ps(y, v);
+    return;
+  }
   if (residual != nullptr) v = _mm256_add_ps(v, _mm256_maskload_ps(residual, mask));
   _mm256_maskstore_ps(y, mask, v);
 }
