@@ -68,7 +68,7 @@ def main() -> None:
         steps += 1
         tokens, cum = args[0], args[4]  # a slot whose score is -inf is closed
         rows += tokens.numel()
-        closed += int(cum.isinf().sum())
+        closed += int(cum.isneginf().sum())
         within = True
         try:
             return whole_step(*args, **kwargs)

@@ -193,15 +193,13 @@ class CpuDecoder(nn.Module):
         others (rows the products take as they come, `shape_free_rows`); above them the
         rows are rounded up to `slots`' shapes with closed ones, as search's filler is,
         so that no product builds a kernel for a new shape."""
-        if not (self.open_rows_only and self.step is not None and isinstance(cache, SlotCache)):
-            return None
-        if cache.length == 0:
+        cheap = self.open_rows_only and self.step is not None and isinstance(cache, SlotCache)
+        if not cheap or cache.length == 0:
             return None
         closed = cum.isneginf()
-        shut = int(closed.sum())
         rows = cum.numel()
-        open_rows = rows - shut
-        if shut == 0:
+        open_rows = rows - int(closed.sum())
+        if open_rows == rows:
             return None
         if open_rows > self.shape_free_rows_cached():
             wanted = self.slots(-(-open_rows // k), k) * k

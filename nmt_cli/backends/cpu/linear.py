@@ -28,9 +28,8 @@ step. Decoding calls the same few matrices thousands of times with a handful of 
   weights and quantizes its input per call (dynamic quantization, as CTranslate2 and
   PyTorch's `quantize_dynamic` do): per row in the compiled module's kernel (AVX-512
   VNNI; else AVX-512BW with 7-bit weights, or AVX2 with 7-bit weights and activations)
-  where the module is loaded, else per
-  call through PyTorch's own quantized kernels (fbgemm or oneDNN). Everything else stays
-  float32.
+  where the module is loaded, else per call through PyTorch's own quantized kernels
+  (fbgemm or oneDNN). Everything else stays float32.
 
 Both are core/step_linear.py's `StepLinear`s, so the model's own decoder step calls
 them with its ReLU and residual adds fused. They are this backend's implementations of

@@ -437,11 +437,11 @@ class DecoderStep {
       // Only the open beams' rows are computed: a closed one (score -inf) offers nothing
       // (beam_choose.cpp). Before the first step that is the first beam alone (BOS, the
       // others closed), as search's step 0 computes one row.
-      const Tensor open = at::nonzero(cum.view(-1) > -std::numeric_limits<float>::infinity());
-      const int64_t rows = open.size(0);
+      const Tensor picked =
+          at::nonzero(cum.view(-1) > -std::numeric_limits<float>::infinity()).view(-1);
+      const int64_t rows = picked.numel();
       if (rows == 0) break;
       const bool every = rows == k;
-      const Tensor picked = open.view(-1);
       Tensor table = every ? slots.contiguous() : slots.index_select(0, picked);
       // SlotTable.prepare: this step's keys of row r go to slot r.
       int64_t* column = table.data_ptr<int64_t>() + step;

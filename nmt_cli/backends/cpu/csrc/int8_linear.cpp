@@ -301,10 +301,10 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(1, k);
   const int64_t blocks = packed.size(0), quads = packed.size(1);
   TORCH_CHECK(quads == (k + 3) / 4 && blocks == (n + kLanes - 1) / kLanes, "int8_linear: shape");
-  const bool vnni = int8_vnni_available();
-  TORCH_CHECK(packed.dim() == (vnni ? 4 : 5), "int8_linear: weights packed for the ",
-              vnni ? "AVX2" : "VNNI", " route; pack them again at the CPU level in force");
   const Int8Route route = int8_route();
+  const bool eight_bit = route.w_levels == 127;  // pack_int8's layout: 4 dims, else 5
+  TORCH_CHECK(packed.dim() == (eight_bit ? 4 : 5), "int8_linear: weights packed for the ",
+              eight_bit ? "AVX2" : "VNNI", " route; pack them again at the CPU level in force");
   const at::Tensor x = x_in.reshape({m, k}).contiguous();
   at::Tensor residual;
   if (residual_in.has_value()) residual = residual_in->reshape({m, n}).contiguous();
