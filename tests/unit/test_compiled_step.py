@@ -188,15 +188,17 @@ def _int8_reference(
 def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     kernel_at: Callable[[str], ModuleType], level: str, rows: int, k: int, n: int
 ) -> None:
-    """Every weight and every activation at the top of its range, half of them negative.
-    On the AVX-512BW route (activations as bytes q + 128 up to 255, 7-bit weights up to
-    63) a pair of products is then 2 x 255 x 63 = 32,130, at the edge of `vpmaddubsw`'s
-    16-bit sum (8-bit weights would saturate at 32,767); on the AVX2 route (bytes q + 64 up
-    to 127) two pairs added in 16 bits are 2 x 2 x 127 x 63 = 32,004, at the same edge; on
-    the VNNI route the sums are 32-bit throughout. Either way the sums of K of them are
-    far past 16 bits. The result is the independent integer reference, at the route's
-    grids, to the rounding of the float32 epilogue. Ragged K (an odd number of quads
-    included) and N reach the tails."""
+    """Every weight and every activation at the top of its range, half of them negative,
+    and one row and one weight row all positive. On the AVX-512BW route (activations as
+    bytes q + 128 up to 255, 7-bit weights up to 63) a pair of products is then
+    2 x 255 x 63 = 32,130, at the edge of `vpmaddubsw`'s signed 16-bit sum (8-bit weights
+    would saturate at 32,767); on the AVX2 route (bytes q + 64 up to 127, weights packed as
+    w + 63 up to 126) a pair is 2 x 127 x 126 = 32,004, at the same edge, and two pairs
+    added in 16 bits without a sign 64,008, at the edge of 65,535; on the VNNI route the
+    sums are 32-bit throughout. Either way the sums of K of them are far past 16 bits. The
+    result is the independent integer reference, at the route's grids, to the rounding of
+    the float32 epilogue. Ragged K (an odd number of quads included) and N reach the
+    tails, odd and even row counts each of the AVX2 tile's row shapes."""
     kernel = kernel_at(level)
     if not kernel.int8_kernel_available():
         pytest.skip("this CPU has no AVX2")
@@ -205,6 +207,8 @@ def test_the_int8_kernel_sums_exactly_where_16_bit_pairs_would_saturate(
     w = signs(n, k) * (1 + 0.001 * torch.rand(n, k, generator=g))
     x = signs(rows, k) * (1 + 0.001 * torch.rand(rows, k, generator=g))
     x[0] = w[0]  # one row the same signs as a weight row: every product at its maximum
+    if rows > 1:  # every byte and packed weight at its top
+        x[-1], w[-1] = x[-1].abs(), w[-1].abs()
     b = torch.randn(n, generator=g)
     want, bound = _int8_reference(x, w, b, *_int8_grids(kernel))
     got = Int8Linear.of(w, b, kernel)(x).double()
@@ -237,17 +241,19 @@ def test_each_int8_route_sums_on_its_own_grids(kernel_at: Callable[[str], Module
 def test_weights_packed_for_one_int8_route_are_refused_by_the_other(
     kernel_at: Callable[[str], ModuleType],
 ) -> None:
-    """8-bit weights on the AVX2 route would saturate its 16-bit pair sums: a layer packed
-    at one CPU level and called at the other is an error that says so, never a result."""
+    """8-bit weights on the AVX2 route would saturate its 16-bit pair sums, and signed
+    ones would break its unsigned ones: a layer packed at one CPU level and called at
+    another is an error that says so, never a result."""
     if not kernel_at("native").int8_vnni_available():
         pytest.skip("this CPU has one int8 route (no AVX-512 VNNI)")
     g = torch.Generator().manual_seed(4)
     w, x = torch.randn(24, 40, generator=g), torch.randn(3, 40, generator=g)
-    for packed_at, called_at, route in (("native", "avx2", "VNNI"), ("avx2", "native", "AVX2")):
-        layer = Int8Linear.of(w, None, kernel_at(packed_at))
-        kernel_at(called_at)
-        with pytest.raises(RuntimeError, match=f"packed for the {route} route"):
-            layer(x)
+    for packed_at in ("native", "avx512", "avx2"):  # VNNI; AVX-512BW alone; AVX2
+        for called_at in {"native", "avx512", "avx2"} - {packed_at}:
+            layer = Int8Linear.of(w, None, kernel_at(packed_at))
+            kernel_at(called_at)
+            with pytest.raises(RuntimeError, match="packed for another CPU level's route"):
+                layer(x)
 
 
 def _fused_forms_within_k_roundings(

@@ -16,18 +16,18 @@
 //   activations (fbgemm's choice), since weight rows spread more evenly than an activation
 //   row with its outliers: a Multi30k model's attention projections over real activations
 //   are off by 1.25% against 1.50%.
-// - AVX2: 7-bit activations too (L = 63, bytes up to 127), so that a pair is at most
-//   2 x 127 x 63 = 16,002 and two quads' pairs add in 16 bits (32,004) before one
-//   `vpmaddwd` widens them: three multiplying instructions for 64 products instead of
-//   four. Where vector integer multiplies have one pipe (AMD's Zen 1) they are the bound,
-//   and this is 1.35-1.5x the 8-bit-activation tile's rate on a decoder's shapes, faster
-//   than oneDNN's fp32 products there (BENCHMARKS.md); a Multi30k model's test sacreBLEU
-//   moves by 0.1. Keeping 8 bits on both sides exactly (w's sign moved onto the input with
-//   `vpsignb`) costs a third more instructions than the 7-bit-weight tile, measured
-//   1.3-1.5x slower.
-// Each way the offset comes out with the weights' column sums:
-// y = (acc - (L + 1) sum_k w_k) s_x s_w + b, the ReLU and the residual applied before the
-// one store. The weights are packed for the route of the CPU level in force (pack_int8), and
+// - AVX2: 7-bit activations too (L = 63, bytes up to 127), and the weights packed as
+//   w + 63 (0..126), so that a pair is at most 2 x 127 x 126 = 32,004, never negative,
+//   and two quads' pairs add in 16 bits without a sign (64,008), widened by a shift and
+//   adds rather than by `vpmaddwd` (int8_rows_avx2): two multiplying instructions for 64
+//   products where 8-bit activations take four. Where vector integer multiplies have one
+//   pipe (AMD's Zen 1) they are the bound (BENCHMARKS.md); a Multi30k model's test
+//   sacreBLEU moves by 0.1 from 8-bit activations. Keeping 8 bits on both sides exactly
+//   (w's sign moved onto the input with `vpsignb`) costs a third more instructions than
+//   the 7-bit-weight tile, measured 1.3-1.5x slower.
+// Each way the offsets come out with the weights' column sums (and, on AVX2, the rows'
+// byte sums): y = (acc - (L + 1) sum_k w_k - 63 sum_k u_k) s_x s_w + b, the ReLU and the
+// residual applied before the one store. The weights are packed for the route of the CPU level in force (pack_int8), and
 // the 7-bit routes' layout says so in its shape, so that weights packed for one route are
 // refused by the other rather than saturating.
 #include "int8_linear.h"
@@ -56,6 +56,9 @@ using tiles::kMaxRows;
 
 #define NMT_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
+// What each weight byte the AVX2 route packs holds above its w (|w| <= 63): none negative.
+constexpr int32_t kAvx2WeightBias = 63;
+
 struct Int8Operands {
   const uint8_t* x;       // (M, quads * 4) quantized rows, offset by `offset`
   const float* x_scale;   // (M)
@@ -63,6 +66,7 @@ struct Int8Operands {
   const float* w_scale;   // (N)
   const int32_t* w_sum;   // (N)
   int32_t offset;         // what each byte of x holds above its q: levels + 1
+  const int32_t* x_sum;   // (M) each row's bytes summed (the AVX2 route's weight bias), or null
   const float* bias;      // (N) or null
   const float* residual;  // (M, N) or null
   float* y;               // (M, N)
@@ -132,61 +136,130 @@ NMT_INT8_TILE_512(int8_tile_bw, NMT_AVX512_BW,
 
 #define NMT_AVX2 __attribute__((target("avx2,fma")))
 
-// The same tile without VNNI, eight columns (half a block) at a time, so that the R
-// accumulators, two quads' weights and the operands in flight stay in AVX2's sixteen
-// registers. Activations and weights are 7-bit (bytes up to 127, |w| <= 63): two quads'
-// pair sums add in 16 bits before one `vpmaddwd` widens them.
+// acc += v in place. GCC otherwise computes each sum of a loop-carried accumulator into
+// a fresh register and copies it back, an extra instruction per product vector where the
+// instruction stream (two macro-ops per 256-bit instruction on Zen 1) is the bound.
+NMT_AVX2 inline __attribute__((always_inline)) void add_into(__m256i& acc, __m256i v) {
+  asm("vpaddd %1, %0, %0" : "+x"(acc) : "x"(v));
+}
+
+// The four bytes of one row's quad p, in every 32-bit lane.
+NMT_AVX2 inline __attribute__((always_inline)) __m256i quad_of(const uint8_t* x) {
+  int32_t quad;
+  std::memcpy(&quad, x, sizeof quad);
+  return _mm256_set1_epi32(quad);
+}
+
+// Quad p's bytes of one 8-column half of a packed block.
+NMT_AVX2 inline __attribute__((always_inline)) __m256i half_quad(const int8_t* block, int64_t p,
+                                                                 int half) {
+  return _mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(block + p * kLanes * 4 + half * 32));
+}
+
+// One row's T and H sums of a block's two halves, four registers named one by one (GCC
+// leaves an array of them on the stack).
+struct QuadSums {
+  __m256i t0, t1, h0, h1;
+};
+
+// Adds the products of one row's quads p and p + 1 (or p alone, `one`) into `s`.
+NMT_AVX2 inline __attribute__((always_inline)) void add_quads(QuadSums& s, const uint8_t* x,
+                                                              const int8_t* w, int64_t p,
+                                                              bool one) {
+  const __m256i q0 = quad_of(x + p * 4);
+  __m256i lo = _mm256_maddubs_epi16(q0, half_quad(w, p, 0));
+  __m256i hi = _mm256_maddubs_epi16(q0, half_quad(w, p, 1));
+  if (!one) {
+    const __m256i q1 = quad_of(x + (p + 1) * 4);
+    lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(q1, half_quad(w, p + 1, 0)));
+    hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(q1, half_quad(w, p + 1, 1)));
+  }
+  add_into(s.t0, lo);
+  add_into(s.h0, _mm256_srli_epi32(lo, 16));
+  add_into(s.t1, hi);
+  add_into(s.h1, _mm256_srli_epi32(hi, 16));
+}
+
+// What the epilogue of one 8-column half needs of its columns, loaded once a block.
+struct HalfColumns {
+  __m256i offsets;  // offset x sum_k w of each column
+  __m256 w_scale, bias;
+  __m256i mask;
+  int64_t col, valid;
+};
+
+NMT_AVX2 inline __attribute__((always_inline)) HalfColumns half_columns(const Int8Operands& op,
+                                                                       int64_t col) {
+  const int64_t valid = std::clamp<int64_t>(op.n - col, 0, 8);
+  const __m256i mask = simd::first_lanes8(valid);
+  return {_mm256_mullo_epi32(_mm256_maskload_epi32(op.w_sum + col, mask),
+                             _mm256_set1_epi32(op.offset)),
+          _mm256_maskload_ps(op.w_scale + col, mask),
+          op.bias ? _mm256_maskload_ps(op.bias + col, mask) : _mm256_setzero_ps(),
+          mask, col, valid};
+}
+
+// The epilogue of one row's half: y = (sum - offsets) s_x s_w + b, ReLU, residual, store.
+NMT_AVX2 inline __attribute__((always_inline)) void store_half(const Int8Operands& op,
+                                                               int64_t row, const HalfColumns& c,
+                                                               __m256i t, __m256i h) {
+  if (c.valid <= 0) return;
+  const __m256i sum = _mm256_add_epi32(_mm256_sub_epi32(t, _mm256_slli_epi32(h, 16)), h);
+  const __m256i offsets =
+      _mm256_add_epi32(c.offsets, _mm256_set1_epi32(kAvx2WeightBias * op.x_sum[row]));
+  const __m256 scale = _mm256_mul_ps(c.w_scale, _mm256_set1_ps(op.x_scale[row]));
+  const __m256 exact = _mm256_cvtepi32_ps(_mm256_sub_epi32(sum, offsets));
+  const int64_t at = row * op.n + c.col;
+  simd::finish(_mm256_fmadd_ps(exact, scale, c.bias), op.relu,
+               op.residual ? op.residual + at : nullptr, op.y + at, c.mask, c.valid == 8);
+}
+
+// The AVX2 tile's micro-kernel: RR (1 or 2) rows x one block of 16 columns, both 8-column
+// halves from each row's broadcast quads. Activations are 7-bit (bytes u up to 127) and
+// the weights are packed as w + 63 (0..126), so every `vpmaddubsw` pair sum is
+// non-negative and two quads' pairs add in 16 bits without a sign (<= 64,008). A 32-bit
+// lane then holds two such sums, lo + 65,536 hi: it is added whole into T, and hi alone
+// (a shift) into H, so that T - 65,535 H = sum (lo + hi), exact modulo 2^32. No
+// `vpmaddwd` widens the pairs: on Zen 1, where vector integer multiplies have one pipe,
+// the multiplies fall from three to two per 64 products (BENCHMARKS.md).
+template <int RR>
+NMT_AVX2 inline __attribute__((always_inline)) void int8_rows_avx2(
+    const Int8Operands& op, int64_t row, int64_t block, const HalfColumns (&columns)[2]) {
+  const uint8_t* x0 = op.x + row * op.quads * 4;
+  const uint8_t* x1 = x0 + op.quads * 4;
+  // Block b's quad p holds its 16 columns' 4 bytes each, the first half's 32 bytes first.
+  const int8_t* w = op.w + block * op.quads * kLanes * 4;
+  const __m256i zero = _mm256_setzero_si256();
+  QuadSums a{zero, zero, zero, zero}, b{zero, zero, zero, zero};
+  const int64_t even = op.quads & ~int64_t{1};
+  for (int64_t p = 0; p < even; p += 2) {
+    add_quads(a, x0, w, p, false);
+    if (RR == 2) add_quads(b, x1, w, p, false);
+  }
+  if (even < op.quads) {
+    add_quads(a, x0, w, even, true);
+    if (RR == 2) add_quads(b, x1, w, even, true);
+  }
+  // sum_k u (w + 63) = sum_k q w + offset sum_k w + 63 sum_k u: both offsets come out.
+  store_half(op, row, columns[0], a.t0, a.h0);
+  store_half(op, row, columns[1], a.t1, a.h1);
+  if (RR == 2) {
+    store_half(op, row + 1, columns[0], b.t0, b.h0);
+    store_half(op, row + 1, columns[1], b.t1, b.h1);
+  }
+}
+
+// R rows x C blocks: each block in pairs of rows, which with their T and H sums of both
+// halves fill AVX2's sixteen registers.
 template <int R, int C>
 NMT_AVX2 void int8_tile_avx2(const Int8Operands& op, int64_t row, int64_t first_block) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  const uint8_t* x = op.x + row * op.quads * 4;
-  for (int64_t half = first_block * 2; half < (first_block + C) * 2; ++half) {
-    const int64_t col = half * 8;
-    const int64_t valid = std::min<int64_t>(8, op.n - col);
-    if (valid <= 0) break;
-    __m256i acc[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
-    // Block b's quad p holds its 16 columns' 4 bytes each: this half's are 32 of them.
-    const int8_t* w = op.w + (half / 2) * op.quads * kLanes * 4 + (half % 2) * 32;
-    const int64_t even = op.quads & ~int64_t{1};
-    for (int64_t p = 0; p < even; p += 2) {
-      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * kLanes * 4));
-      const __m256i w1 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (p + 1) * kLanes * 4));
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        int32_t q0, q1;
-        std::memcpy(&q0, x + (r * op.quads + p) * 4, sizeof q0);
-        std::memcpy(&q1, x + (r * op.quads + p + 1) * 4, sizeof q1);
-        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(q0), w0),
-                                               _mm256_maddubs_epi16(_mm256_set1_epi32(q1), w1));
-        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
-      }
-    }
-    if (even < op.quads) {
-      const __m256i wv =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + even * kLanes * 4));
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, x + (r * op.quads + even) * 4, sizeof quad);
-        const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(quad), wv);
-        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
-      }
-    }
-    const __m256i mask = simd::first_lanes8(valid);
-    const __m256i correction = _mm256_mullo_epi32(_mm256_maskload_epi32(op.w_sum + col, mask),
-                                                  _mm256_set1_epi32(op.offset));
-    const __m256 w_scale = _mm256_maskload_ps(op.w_scale + col, mask);
-    const __m256 bias = op.bias ? _mm256_maskload_ps(op.bias + col, mask) : _mm256_setzero_ps();
-    for (int r = 0; r < R; ++r) {
-      const __m256i exact = _mm256_sub_epi32(acc[r], correction);
-      const __m256 scale = _mm256_mul_ps(w_scale, _mm256_set1_ps(op.x_scale[row + r]));
-      const int64_t at = (row + r) * op.n + col;
-      simd::finish(_mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, bias), op.relu,
-                   op.residual ? op.residual + at : nullptr, op.y + at, mask, valid == 8);
-    }
+  for (int64_t block = first_block; block < first_block + C; ++block) {
+    if (block * kLanes >= op.n) break;
+    const HalfColumns columns[2] = {half_columns(op, block * kLanes),
+                                    half_columns(op, block * kLanes + 8)};
+    for (int r = 0; r + 1 < R; r += 2) int8_rows_avx2<2>(op, row + r, block, columns);
+    if (R % 2) int8_rows_avx2<1>(op, row + R - 1, block, columns);
   }
 }
 
@@ -208,22 +281,25 @@ constexpr Int8TileFn kInt8Avx2RowTiles[kMaxCols] = {int8_tile_avx2<R, 1>, int8_t
 constexpr const Int8TileFn* kInt8Avx2Tiles[kMaxRows] = {
     kInt8Avx2RowTiles<1>, kInt8Avx2RowTiles<2>, kInt8Avx2RowTiles<3>, kInt8Avx2RowTiles<4>};
 
-// The route of the CPU level in force: its grids (levels a side of zero) and its tiles.
+// The route of the CPU level in force: its grids (levels a side of zero), what each packed
+// weight byte holds above its w, and its tiles.
 struct Int8Route {
   int64_t x_levels, w_levels;
+  int32_t w_bias;
   const Int8TileFn* const (&tiles)[kMaxRows];
 };
 
 Int8Route int8_route() {
-  if (cpu_level_at_least(CpuLevel::kAvx512Vnni)) return {127, 127, kInt8Tiles};
-  if (cpu_level_at_least(CpuLevel::kAvx512)) return {127, 63, kInt8BwTiles};
-  return {63, 63, kInt8Avx2Tiles};
+  if (cpu_level_at_least(CpuLevel::kAvx512Vnni)) return {127, 127, 0, kInt8Tiles};
+  if (cpu_level_at_least(CpuLevel::kAvx512)) return {127, 63, 0, kInt8BwTiles};
+  return {63, 63, kAvx2WeightBias, kInt8Avx2Tiles};
 }
 
 // One row of x -> bytes q + L + 1 (q = round(x / s) to nearest even, |q| <= L,
-// s = max |x| / L, L = `levels`; the padding to whole quads is q = 0), and s.
+// s = max |x| / L, L = `levels`; the padding to whole quads is q = 0), and s; with
+// `byte_sum`, the sum of the padded row's bytes too.
 NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, int64_t levels_in,
-                           uint8_t* out, float* scale) {
+                           uint8_t* out, float* scale, int32_t* byte_sum) {
   const float levels = static_cast<float>(levels_in);
   const uint8_t offset = static_cast<uint8_t>(levels_in + 1);
   constexpr int64_t kStep = 32;  // four vectors of floats -> one of bytes
@@ -260,6 +336,19 @@ NMT_AVX2 void quantize_row(const float* x, int64_t k, int64_t padded, int64_t le
   }
   std::fill(out + k, out + padded, offset);
   *scale = s;
+  if (byte_sum == nullptr) return;
+  // vpsadbw against zero adds each eight bytes into a 64-bit lane.
+  __m256i sums = _mm256_setzero_si256();
+  const int64_t chunks = padded / 32 * 32;
+  for (int64_t i = 0; i < chunks; i += 32) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out + i));
+    sums = _mm256_add_epi64(sums, _mm256_sad_epu8(bytes, _mm256_setzero_si256()));
+  }
+  alignas(32) int64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sums);
+  int64_t total = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (int64_t i = chunks; i < padded; ++i) total += out[i];
+  *byte_sum = static_cast<int32_t>(total);
 }
 
 }  // namespace
@@ -278,15 +367,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weigh
   const at::Tensor weight = weight_in.to(at::kFloat);
   const int64_t n = weight.size(0), k = weight.size(1);
   const int64_t blocks = (n + kLanes - 1) / kLanes, quads = (k + 3) / 4;
-  const double levels = static_cast<double>(int8_route().w_levels);
+  const Int8Route route = int8_route();
+  const double levels = static_cast<double>(route.w_levels);
   const at::Tensor scale = (weight.abs().amax(1) / levels).clamp_min(1e-12);
-  const at::Tensor q =
-      at::round(weight / scale.unsqueeze(1)).clamp(-levels, levels).to(at::kChar);
-  at::Tensor padded = at::zeros({blocks * kLanes, quads * 4}, q.options());
-  padded.narrow(0, 0, n).narrow(1, 0, k).copy_(q);
+  const at::Tensor q = at::round(weight / scale.unsqueeze(1)).clamp(-levels, levels);
+  // The AVX2 route's bytes are w + 63, unsigned (uint8), so that its weights are refused
+  // by the other routes and theirs by it.
+  const at::ScalarType type = route.w_bias ? at::kByte : at::kChar;
+  at::Tensor padded = at::full({blocks * kLanes, quads * 4}, route.w_bias, q.options().dtype(type));
+  padded.narrow(0, 0, n).narrow(1, 0, k).copy_(q + route.w_bias);
   at::Tensor packed =
       padded.view({blocks, kLanes, quads, 4}).permute({0, 2, 1, 3}).contiguous();
-  // The same bytes; the AVX2 route reads a block's quad as two halves of eight columns.
+  // The same bytes; the 7-bit routes read a block's quad as two halves of eight columns.
   if (levels < 127.0) packed = packed.view({blocks, quads, 2, kLanes / 2, 4});
   return {packed, scale.contiguous(), q.to(at::kInt).sum(1).to(at::kInt).contiguous()};
 }
@@ -303,8 +395,10 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   TORCH_CHECK(quads == (k + 3) / 4 && blocks == (n + kLanes - 1) / kLanes, "int8_linear: shape");
   const Int8Route route = int8_route();
   const bool eight_bit = route.w_levels == 127;  // pack_int8's layout: 4 dims, else 5
-  TORCH_CHECK(packed.dim() == (eight_bit ? 4 : 5), "int8_linear: weights packed for the ",
-              eight_bit ? "AVX2" : "VNNI", " route; pack them again at the CPU level in force");
+  const at::ScalarType type = route.w_bias ? at::kByte : at::kChar;
+  TORCH_CHECK(packed.dim() == (eight_bit ? 4 : 5) && packed.scalar_type() == type,
+              "int8_linear: weights packed for another CPU level's route; pack them again at "
+              "the CPU level in force");
   const at::Tensor x = x_in.reshape({m, k}).contiguous();
   at::Tensor residual;
   if (residual_in.has_value()) residual = residual_in->reshape({m, n}).contiguous();
@@ -313,16 +407,19 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   at::Tensor y = at::empty(sizes, x.options());
   std::vector<uint8_t> xq(static_cast<size_t>(m * quads * 4));
   std::vector<float> x_scale(static_cast<size_t>(m));
+  std::vector<int32_t> x_sum(route.w_bias ? static_cast<size_t>(m) : 0);
   const float* xp = x.const_data_ptr<float>();
   for (int64_t r = 0; r < m; ++r) {
-    quantize_row(xp + r * k, k, quads * 4, route.x_levels, xq.data() + r * quads * 4, &x_scale[r]);
+    quantize_row(xp + r * k, k, quads * 4, route.x_levels, xq.data() + r * quads * 4, &x_scale[r],
+                 route.w_bias ? &x_sum[r] : nullptr);
   }
   const Int8Operands op{xq.data(),
                         x_scale.data(),
-                        packed.const_data_ptr<int8_t>(),
+                        static_cast<const int8_t*>(packed.const_data_ptr()),
                         scale.const_data_ptr<float>(),
                         column_sum.const_data_ptr<int32_t>(),
                         static_cast<int32_t>(route.x_levels + 1),
+                        route.w_bias ? x_sum.data() : nullptr,
                         bias.has_value() ? bias->const_data_ptr<float>() : nullptr,
                         residual.defined() ? residual.const_data_ptr<float>() : nullptr,
                         y.data_ptr<float>(),
