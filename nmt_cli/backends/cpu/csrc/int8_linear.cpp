@@ -26,10 +26,11 @@
 //   (w's sign moved onto the input with `vpsignb`) costs a third more instructions than
 //   the 7-bit-weight tile, measured 1.3-1.5x slower.
 // Each way the offsets come out with the weights' column sums (and, on AVX2, the rows'
-// byte sums): y = (acc - (L + 1) sum_k w_k - 63 sum_k u_k) s_x s_w + b, the ReLU and the
-// residual applied before the one store. The weights are packed for the route of the CPU level in force (pack_int8), and
-// the 7-bit routes' layout says so in its shape, so that weights packed for one route are
-// refused by the other rather than saturating.
+// byte sums): y = (acc - (L + 1) sum_k w_k [- 63 sum_k u_k]) s_x s_w + b, the ReLU and
+// the residual applied before the one store. The weights are packed for the route of the
+// CPU level in force (pack_int8), the 7-bit routes' layout marked by its shape and the
+// AVX2 route's by its type (uint8), so that weights packed for one route are refused by
+// the others rather than saturating or summed without their bias.
 #include "int8_linear.h"
 #include "cpu_level.h"
 
