@@ -118,20 +118,29 @@ struct Ops {
   static void block(int64_t m, int64_t n, int64_t K, Band band, Strided a, const float* b,
                     int64_t ldb, float* c, int64_t ldc, const Mask (&mask)[2]) {
     const int64_t k0 = band.first(m, K), k1 = band.end(m + R - 1, K);
+    // Every loop over the tile unrolled: GCC otherwise keeps `acc` in memory as well and
+    // stores all of it on every k (a store per multiply-add).
     Vec acc[R][C];
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
       for (int j = 0; j < C; ++j) acc[r][j] = V::zero();
     }
     for (int64_t k = k0; k < k1; ++k) {
       Vec bk[C];
+#pragma GCC unroll 4
       for (int j = 0; j < C; ++j) bk[j] = V::load(b + k * ldb + n + j * kWidth, mask[j]);
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const Vec x = V::set1(a(m + r, k));
+#pragma GCC unroll 4
         for (int j = 0; j < C; ++j) acc[r][j] = V::fmadd(x, bk[j], acc[r][j]);
       }
     }
     const Mask whole = V::first(kWidth);
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
       for (int j = 0; j < C; ++j) V::store(c + (m + r) * ldc + n + j * kWidth, acc[r][j], whole);
     }
   }

@@ -74,13 +74,18 @@ NMT_FP32_AVX2 inline void fp32_blocks(const Fp32Operands& op, int64_t row, int64
       }
     }
   }
+  // The epilogue unrolled as the loop is: GCC otherwise keeps `acc` in memory as well
+  // and stores all of it on every p (a store per multiply-add).
+#pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
+#pragma GCC unroll 2
     for (int half = 0; half < 2; ++half) {
       const int64_t col = (block + g) * kLanes + half * 8;
       const int64_t valid = std::min<int64_t>(8, op.n - col);
-      if (valid <= 0) break;
+      if (valid <= 0) continue;
       const __m256i mask = simd::first_lanes8(valid);
       const __m256 bias = op.bias ? _mm256_maskload_ps(op.bias + col, mask) : _mm256_setzero_ps();
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const int64_t at = (row + r) * op.n + col;
         simd::finish(_mm256_add_ps(acc[r][g][half], bias), op.relu,
