@@ -375,7 +375,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_int8(const at::Tensor& weigh
   // The AVX2 route's bytes are w + 63, unsigned (uint8), so that its weights are refused
   // by the other routes and theirs by it.
   const at::ScalarType type = route.w_bias ? at::kByte : at::kChar;
-  at::Tensor padded = at::full({blocks * kLanes, quads * 4}, route.w_bias, q.options().dtype(type));
+  at::Tensor padded =
+      at::full({blocks * kLanes, quads * 4}, route.w_bias, q.options().dtype(type));
   padded.narrow(0, 0, n).narrow(1, 0, k).copy_(q + route.w_bias);
   at::Tensor packed =
       padded.view({blocks, kLanes, quads, 4}).permute({0, 2, 1, 3}).contiguous();
