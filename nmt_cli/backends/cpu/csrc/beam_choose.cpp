@@ -20,6 +20,7 @@
 #include "best_k.h"
 #include "cpu_level.h"
 #include "log_softmax.h"
+#include "operands.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -133,10 +134,10 @@ Advanced beam_choose(const at::Tensor& logits_in, const at::Tensor& cum_in,
   const int64_t rows = cum_in.numel(), vocab = logits_in.size(1);
   check_history(history, rows);
   TORCH_CHECK(k >= 1 && rows % k == 0, "beam_choose: rows = sentences x k");
-  const at::Tensor cum = cum_in.to(at::kFloat).contiguous().view(-1);
+  const at::Tensor cum = as_vector(cum_in, at::kFloat);
   at::Tensor logit_rows;
   if (logit_rows_in.has_value()) {
-    logit_rows = logit_rows_in->to(at::kLong).contiguous().view(-1);
+    logit_rows = as_vector(*logit_rows_in, at::kLong);
     TORCH_CHECK(logit_rows.numel() == rows, "beam_choose: one logits row a beam");
     const int64_t* at = logit_rows.const_data_ptr<int64_t>();
     const float* run = cum.const_data_ptr<float>();
@@ -155,7 +156,7 @@ Advanced beam_choose(const at::Tensor& logits_in, const at::Tensor& cum_in,
   }
   at::Tensor forced;
   if (forced_in.has_value()) {
-    forced = forced_in->to(at::kBool).contiguous().view(-1);
+    forced = as_vector(*forced_in, at::kBool);
     TORCH_CHECK(forced.numel() == rows, "beam_choose: one forced flag a row");
   }
   const bool* force = forced.defined() ? forced.const_data_ptr<bool>() : nullptr;

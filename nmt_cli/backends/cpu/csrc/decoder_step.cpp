@@ -28,6 +28,7 @@
 #include "fp32_linear.h"
 #include "int8_linear.h"
 #include "log_softmax.h"
+#include "operands.h"
 #include "sentence_books.h"
 #include "smoothed_loss.h"
 
@@ -289,9 +290,9 @@ class DecoderStep {
       const Tensor v = qkv[2].view({batch, length, heads_, d_v_}).transpose(1, 2);
       const Tensor ctx = at::scaled_dot_product_attention(q, k, v, key_mask, 0.0, false);
       x = layer.out.add(ctx.transpose(1, 2).reshape({batch, length, vdim}), x);
-      x = at::layer_norm(x, {x.size(-1)}, layer.norm1.weight, layer.norm1.bias, eps_);
+      x = norm(x, layer.norm1);
       x = layer.ff2.add(layer.ff1.relu(x), x);
-      x = at::layer_norm(x, {x.size(-1)}, layer.norm2.weight, layer.norm2.bias, eps_);
+      x = norm(x, layer.norm2);
     }
     return x;
   }
@@ -425,23 +426,32 @@ class DecoderStep {
                 "finish_sentence: one sentence of k beams");
     TORCH_CHECK(slots.size(0) == k && slots.size(1) > limit && slots.scalar_type() == at::kLong,
                 "finish_sentence: a slot table of k rows with room up to the length limit");
+    TORCH_CHECK(cum.scalar_type() == at::kFloat, "finish_sentence: float32 scores");
+    cum = cum.contiguous().view(-1);
     nmt::FinishedScores books(std::move(finished), nbest);
     const Tensor forced = at::ones({k}, at::kBool);
+    std::vector<int64_t> open;  // this step's open beams, each step read off `cum`
     py::list ended;
     for (;; ++step) {
       // What returning to Python between steps allowed: Ctrl-C (a signal's handler may
       // raise), and other threads a turn with the GIL.
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       { py::gil_scoped_release turn; }
-      if (any_finished && books.done(cum.max().item<float>(), step, alpha, lp_at_limit)) break;
       // Only the open beams' rows are computed: a closed one (score -inf) offers nothing
       // (beam_choose.cpp). Before the first step that is the first beam alone (BOS, the
       // others closed), as search's step 0 computes one row.
-      const Tensor picked =
-          at::nonzero(cum.view(-1) > -std::numeric_limits<float>::infinity()).view(-1);
-      const int64_t rows = picked.numel();
+      const float* run = cum.const_data_ptr<float>();
+      float best = -std::numeric_limits<float>::infinity();
+      open.clear();
+      for (int64_t j = 0; j < k; ++j) {
+        best = std::max(best, run[j]);
+        if (run[j] > -std::numeric_limits<float>::infinity()) open.push_back(j);
+      }
+      if (any_finished && books.done(best, step, alpha, lp_at_limit)) break;
+      const auto rows = static_cast<int64_t>(open.size());
       if (rows == 0) break;
       const bool every = rows == k;
+      const Tensor picked = every ? Tensor() : at::tensor(open, at::kLong);
       Tensor table = every ? slots.contiguous() : slots.index_select(0, picked);
       // SlotTable.prepare: this step's keys of row r go to slot r.
       int64_t* column = table.data_ptr<int64_t>() + step;
@@ -498,19 +508,25 @@ class DecoderStep {
       const Layer& layer = layers_[l];
       const auto qkv = layer.qkv(y).split_with_sizes({qk, qk, vdim}, -1);
       Tensor ctx = self_attention(l, qkv[0], qkv[1], qkv[2]);
-      y = layer.self_out.add(ctx.to(y.scalar_type()), y);
-      y = at::layer_norm(y, {y.size(1)}, layer.norm1.weight, layer.norm1.bias, eps_);
+      y = layer.self_out.add(nmt::as_type(ctx, y.scalar_type()), y);
+      y = norm(y, layer.norm1);
       ctx = cross_attention(l, layer.cross_q(y));
-      y = layer.cross_out.add(ctx.to(y.scalar_type()), y);
-      y = at::layer_norm(y, {y.size(1)}, layer.norm2.weight, layer.norm2.bias, eps_);
+      y = layer.cross_out.add(nmt::as_type(ctx, y.scalar_type()), y);
+      y = norm(y, layer.norm2);
       y = layer.ff2.add(layer.ff1.relu(y), y);
-      y = at::layer_norm(y, {y.size(1)}, layer.norm3.weight, layer.norm3.bias, eps_);
+      y = norm(y, layer.norm3);
     }
     Tensor logits = projection_(y);
     if (!log_probs) return logits;
     // The log-softmax the Python side chose (backends/cpu/decoder.py decides, once).
     return module_log_softmax_ ? nmt::fast_log_softmax(logits)
                                : at::log_softmax(logits, -1, at::kFloat);
+  }
+
+  // LayerNorm over the last dimension: what at::layer_norm returns, without its composite
+  // wrapper's call (the same kernel).
+  Tensor norm(const Tensor& x, const Norm& n) const {
+    return std::get<0>(at::native_layer_norm(x, {x.size(-1)}, n.weight, n.bias, eps_));
   }
 
   int64_t heads_, d_k_, d_v_;

@@ -12,6 +12,7 @@
 #include "fp32_linear.h"
 #include "cpu_level.h"
 #include "bf16_linear.h"
+#include "operands.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -137,9 +138,9 @@ at::Tensor fp32_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t
   const int64_t k = x_in.size(-1), m = x_in.numel() / std::max<int64_t>(1, k);
   const int64_t blocks = packed.size(0);
   TORCH_CHECK(packed.size(1) == k && blocks == (n + kLanes - 1) / kLanes, "fp32_linear: shape");
-  const at::Tensor x = x_in.reshape({m, k}).contiguous();
+  const at::Tensor x = as_matrix(x_in, m, k);
   at::Tensor residual;
-  if (residual_in.has_value()) residual = residual_in->reshape({m, n}).contiguous();
+  if (residual_in.has_value()) residual = as_matrix(*residual_in, m, n);
   std::vector<int64_t> sizes = x_in.sizes().vec();
   sizes.back() = n;
   at::Tensor y = at::empty(sizes, x.options());
@@ -218,7 +219,7 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const at::
               "rows_linear: float32 operands, a contiguous weight and bias");
   at::Tensor y = at::mm(x.reshape({m, k}), weight.t());
   at::Tensor res;
-  if (residual.has_value()) res = residual->reshape({m, n}).contiguous();
+  if (residual.has_value()) res = as_matrix(*residual, m, n);
   finish_rows(y, bias, res, relu);
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = n;

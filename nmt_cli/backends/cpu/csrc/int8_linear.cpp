@@ -33,6 +33,7 @@
 // the others rather than saturating or summed without their bias.
 #include "int8_linear.h"
 #include "cpu_level.h"
+#include "operands.h"
 
 #include <ATen/record_function.h>
 
@@ -401,9 +402,9 @@ at::Tensor int8_linear(const at::Tensor& x_in, const at::Tensor& packed, const a
   TORCH_CHECK(packed.dim() == (eight_bit ? 4 : 5) && packed.scalar_type() == type,
               "int8_linear: weights packed for another CPU level's route; pack them again at "
               "the CPU level in force");
-  const at::Tensor x = x_in.reshape({m, k}).contiguous();
+  const at::Tensor x = as_matrix(x_in, m, k);
   at::Tensor residual;
-  if (residual_in.has_value()) residual = residual_in->reshape({m, n}).contiguous();
+  if (residual_in.has_value()) residual = as_matrix(*residual_in, m, n);
   std::vector<int64_t> sizes = x_in.sizes().vec();
   sizes.back() = n;
   at::Tensor y = at::empty(sizes, x.options());
