@@ -2,11 +2,13 @@
 // with the cross-attention keys and values it gives each decoder layer, as another.
 //
 // The Python step (nmt_cli/core/transformer.py: Transformer.decode_step and the `step`
-// methods it calls) is the reference: this file makes the same ATen calls (and calls the
-// same kernels of this module for the linear layers that use them) in the same order, so
-// its outputs are bit-identical, and only removes the Python between them. At
-// a few rows a step is a few hundred small operator calls, and calling each from Python
-// costs about as much as the operator itself (BENCHMARKS.md has the figures).
+// methods it calls) is the reference: this file runs the same ATen kernels (and the same
+// kernels of this module for the linear layers that use them) in the same order, so its
+// outputs are bit-identical, and only removes the Python between them. At a few rows a
+// step is a few hundred small operator calls, and calling each from Python costs about
+// as much as the operator itself (BENCHMARKS.md has the figures). For the same reason
+// a call that would return its operand as it is is not made (operands.h), and LayerNorm
+// goes straight to `native_layer_norm`, the kernel that `layer_norm` wraps.
 // The tests compare the two steps on every precision and cache layout
 // (tests/unit/test_compiled_step.py); what the Python side hands over is named, in one
 // table on each side (kContract here, nmt_cli/backends/cpu/contract.py there), compared
