@@ -22,16 +22,19 @@ void convert(const Q* from, KV* to, int64_t n) {
 // One row, `heads` rounded up to whole groups of eight in the (length, groups * 8)
 // score table; a step's scores of all heads come out of one pass over its key row. A
 // head's d_k and d_v columns are C vectors (the last ones masked), C a constant so that
-// the accumulators can stay in registers.
-template <int C, typename Q, typename KV, typename Rows>
+// the accumulators can stay in registers. `Whole`: d_k and d_v fill all C vectors, so
+// every mask is the whole vector, known when compiling; otherwise each load tests its
+// lane count (a compare and a branch beside each multiply-add).
+template <int C, bool Whole, typename Q, typename KV, typename Rows>
 void attend_row(int64_t r, const Q* q, const KV* keys, const KV* values, const Rows& rows,
                 const Shape& sh, float* scores, int64_t* at, Q* out, float* weights) {
   const int64_t h = sh.heads, dk = sh.d_k, dv = sh.d_v, n = sh.length;
   const int64_t groups = (h + kGroup - 1) / kGroup, width = groups * kGroup;
   Mask mk[C], mv[C];
+#pragma GCC unroll 16
   for (int c = 0; c < C; ++c) {
-    mk[c] = V::first(dk - kWidth * c);
-    mv[c] = V::first(dv - kWidth * c);
+    mk[c] = V::first(Whole ? kWidth : dk - kWidth * c);
+    mv[c] = V::first(Whole ? kWidth : dv - kWidth * c);
   }
   const Q* qr = q + r * sh.q_stride;
   const float* bias = rows.bias(r);
@@ -107,7 +110,7 @@ void attend_row(int64_t r, const Q* q, const KV* keys, const KV* values, const R
     Q* o = out + r * h * dv + head * dv;
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
-      if (kWidth * c < dv) V::store(o + kWidth * c, V::mul(acc[c], norm), mv[c]);
+      if (Whole || kWidth * c < dv) V::store(o + kWidth * c, V::mul(acc[c], norm), mv[c]);
     }
     if (weights != nullptr) {
       float* w = weights + (r * h + head) * n;
@@ -116,7 +119,7 @@ void attend_row(int64_t r, const Q* q, const KV* keys, const KV* values, const R
   }
 }
 
-template <int C, typename Q, typename KV, typename Rows>
+template <int C, bool Whole, typename Q, typename KV, typename Rows>
 void attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
                  const Rows& rows, const Shape& sh, at::Tensor& out, float* weights) {
   const int64_t count = q.size(0);
@@ -132,9 +135,20 @@ void attend_rows(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     std::vector<float> scores(sh.length * width);
     std::vector<int64_t> at(sh.length);
     for (int64_t r = begin; r < end; ++r) {
-      attend_row<C>(r, qd, kd, vd, rows, sh, scores.data(), at.data(), od, weights);
+      attend_row<C, Whole>(r, qd, kd, vd, rows, sh, scores.data(), at.data(), od, weights);
     }
   });
+}
+
+// Whole vectors where d_k and d_v fill all C (the usual 64 or 128), masked ones else.
+template <int C, typename Q, typename KV, typename Rows>
+void attend_rows_of(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                    const Rows& rows, const Shape& sh, at::Tensor& out, float* weights) {
+  if (sh.d_k == C * kWidth && sh.d_v == C * kWidth) {
+    attend_rows<C, true, Q, KV>(q, keys, values, rows, sh, out, weights);
+  } else {
+    attend_rows<C, false, Q, KV>(q, keys, values, rows, sh, out, weights);
+  }
 }
 
 // The vector count C for a head's columns: the fewest of 1, 2, 4, 8 and 16 that hold
@@ -145,14 +159,14 @@ void dispatch_width(const at::Tensor& q, const at::Tensor& keys, const at::Tenso
   const int64_t d = std::max(sh.d_k, sh.d_v);
   TORCH_CHECK(d <= 128, "attention kernel: head dimensions up to 128");
   if (d <= kWidth) {
-    attend_rows<1, Q, KV>(q, keys, values, rows, sh, out, weights);
+    attend_rows_of<1, Q, KV>(q, keys, values, rows, sh, out, weights);
   } else if (d <= 2 * kWidth) {
-    attend_rows<2, Q, KV>(q, keys, values, rows, sh, out, weights);
+    attend_rows_of<2, Q, KV>(q, keys, values, rows, sh, out, weights);
   } else if (d <= 4 * kWidth) {
-    attend_rows<4, Q, KV>(q, keys, values, rows, sh, out, weights);
+    attend_rows_of<4, Q, KV>(q, keys, values, rows, sh, out, weights);
   } else if (d <= 8 * kWidth) {
-    attend_rows<8, Q, KV>(q, keys, values, rows, sh, out, weights);
+    attend_rows_of<8, Q, KV>(q, keys, values, rows, sh, out, weights);
   } else if constexpr (8 * kWidth < 128) {
-    attend_rows<16, Q, KV>(q, keys, values, rows, sh, out, weights);
+    attend_rows_of<16, Q, KV>(q, keys, values, rows, sh, out, weights);
   }
 }
