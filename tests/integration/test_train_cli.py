@@ -16,7 +16,7 @@ from unix_helpers import one_error
 
 from nmt_cli.cli import app
 from nmt_cli.core.checkpoint import load_checkpoint
-from tests.fixtures.train_data import make_data_dir
+from tests.fixtures.train_data import make_data_dir, wait_for_updates
 
 runner = CliRunner()
 
@@ -123,12 +123,7 @@ def test_a_signal_saves_and_exits_128_plus_its_number(
         stderr=subprocess.PIPE,
         env=env,
     )
-    metrics = tmp_path / "run/metrics.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-        metrics.is_file() and len(metrics.read_text().splitlines()) >= 5
-    ):
-        time.sleep(0.2)
+    wait_for_updates(tmp_path / "run", 5, within_s=60)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err.decode()

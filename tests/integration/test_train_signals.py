@@ -27,7 +27,7 @@ from test_train_cli import write_recipe
 from unix_helpers import error_line
 
 from nmt_cli.core.checkpoint import load_checkpoint
-from tests.fixtures.train_data import make_data_dir
+from tests.fixtures.train_data import make_data_dir, wait_for_updates
 
 pytestmark = [
     pytest.mark.slow,  # every test starts `nmt train` in a process of its own
@@ -336,12 +336,7 @@ def test_compiling_in_the_first_update(recipe: Path, tmp_path: Path) -> None:
 
 def test_during_training_it_saves_then_stops(recipe: Path, tmp_path: Path) -> None:
     run = Train("training", recipe)
-    metrics = tmp_path / "run/metrics.jsonl"
-    deadline = time.monotonic() + READY_WITHIN_S
-    while time.monotonic() < deadline and not (
-        metrics.is_file() and len(metrics.read_text().splitlines()) >= 3
-    ):
-        time.sleep(0.2)
+    wait_for_updates(tmp_path / "run", 3, within_s=READY_WITHIN_S)
     run.signal_and_wait(signal.SIGINT)
     assert run.proc.returncode == 130, run.stderr
     assert "interrupted: saved checkpoints/last.pt" in run.stderr
