@@ -5,7 +5,7 @@ One step of beam search over `--sentences` sentences of 4 beams each: cross-atte
 `--source` positions, and self-attention (`attend_prefix`, which also writes the step's
 new keys and values into their slots) over `--step` cached positions, with the slot
 cache in bf16 (beside int8 and bf16 products) and in float32 (beside fp32 ones). One
-thread; the best of --rounds timings of 50 calls each, microseconds a call.
+thread; the best of --rounds timings (bench_products.best_time), microseconds a call.
 
     .venv/bin/python bench/bench_decode_attention.py --sentences 128 --heads 4 --d 64
 """
@@ -14,28 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Callable
 
 import torch
+from bench_products import best_time
 
 from nmt_cli.backends.cpu.build import load_kernel
 from nmt_cli.cpu_level import cpu_level
 
 BEAM = 4
-
-
-def best_us(call: Callable[[], object], rounds: int, calls: int = 50) -> float:
-    """The fastest of `rounds` timings of `calls` calls, in microseconds a call."""
-    for _ in range(10):
-        call()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e6
 
 
 def main() -> None:
@@ -70,16 +56,17 @@ def main() -> None:
             "self_v": torch.zeros(rows, 64, h, d, dtype=dtype),
         }
 
-        def cross(c: dict[str, torch.Tensor] = cache) -> object:
+        def cross(c: dict[str, torch.Tensor] = cache) -> torch.Tensor:
             return kernel.attend_memory(q, c["memory_k"], c["memory_v"], sources, None, scale, None)
 
-        def prefix(c: dict[str, torch.Tensor] = cache) -> object:
+        def prefix(c: dict[str, torch.Tensor] = cache) -> torch.Tensor:
             return kernel.attend_prefix(
                 q, k_new, v_new, c["self_k"], c["self_v"], slots, args.step, scale, None
             )
 
         name = str(dtype).removeprefix("torch.")
-        cross_us, prefix_us = best_us(cross, args.rounds), best_us(prefix, args.rounds)
+        cross_us = best_time(cross, args.rounds) * 1e6
+        prefix_us = best_time(prefix, args.rounds) * 1e6
         print(f"| {name} | {cross_us:.0f} | {prefix_us:.0f} |")
 
 
